@@ -1,0 +1,208 @@
+"""A streaming tar parser that reads large buffers and parses headers itself.
+
+Python's ``tarfile`` spends most of its time per member building ``TarInfo`` objects and
+summing header checksums byte by byte (about 55% of webdataset's time on small samples). This
+parser reads the stream in large chunks, finds every complete member in the chunk with a few
+slices per header, and verifies the checksums of all headers of the chunk in one numpy
+operation over a ``(blocks, 512)`` view. Memory is one chunk plus the largest member.
+
+Supported: POSIX ustar (with the 155-byte prefix), GNU long names (``L``), pax extended headers
+(``x``: ``path`` and ``size``), base-256 sizes. Directories, links and other entry types are
+skipped; global pax headers (``g``) are ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import IO, NamedTuple
+
+import numpy as np
+
+from shardpipes.errors import ShardFormatError
+
+__all__ = ["BLOCK", "TarEntry", "iter_tar"]
+
+BLOCK = 512
+_ZERO = bytes(BLOCK)
+_REGULAR = (b"0", b"\0", b"7")
+_DEFAULT_CHUNK = 1 << 20
+
+
+class TarEntry(NamedTuple):
+    """One regular file of a tar archive.
+
+    ``offset`` is the byte offset of the member's first header (including any GNU long-name or
+    pax header before it), so ``[offset, data_offset + size)`` is everything needed to read the
+    member alone; ``data_offset`` is where its bytes start.
+    """
+
+    name: str
+    data: bytes
+    offset: int
+    data_offset: int
+
+
+def _padded(size: int) -> int:
+    return (size + BLOCK - 1) & ~(BLOCK - 1)
+
+
+def _parse_size(field: bytes, url: str, offset: int) -> int:
+    if field[0] & 0x80:  # base-256 (GNU) for sizes >= 8 GiB
+        return int.from_bytes(field[1:], "big")
+    digits = field.split(b"\0", 1)[0].strip()
+    try:
+        return int(digits, 8) if digits else 0
+    except ValueError:
+        raise ShardFormatError(
+            f"{url}: corrupt tar header at byte offset {offset}: size field {field!r} is not octal",
+            url=url,
+            offset=offset,
+        ) from None
+
+
+def _parse_pax(data: bytes, url: str, offset: int) -> dict[str, str]:
+    records: dict[str, str] = {}
+    pos = 0
+    while pos < len(data) and data[pos] != 0:
+        space = data.find(b" ", pos)
+        try:
+            length = int(data[pos:space])
+        except ValueError:
+            raise ShardFormatError(
+                f"{url}: corrupt pax header at byte offset {offset}", url=url, offset=offset
+            ) from None
+        if length <= 0 or space < 0:
+            raise ShardFormatError(
+                f"{url}: corrupt pax header at byte offset {offset}", url=url, offset=offset
+            )
+        key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
+        records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return records
+
+
+def _stored_sum(hdr: bytes) -> int:
+    digits = hdr[148:156].split(b"\0", 1)[0].strip()
+    try:
+        return int(digits, 8)
+    except ValueError:
+        return -1  # never equal to a computed sum: reported as a checksum mismatch
+
+
+def _check_sums(
+    buf: bytes, header_positions: list[int], stored: list[int], base: int, url: str
+) -> None:
+    """Verify the checksums of the headers at ``header_positions`` (multiples of 512 in buf)."""
+    blocks = np.frombuffer(buf, dtype=np.uint8, count=(len(buf) // BLOCK) * BLOCK)
+    rows = blocks.reshape(-1, BLOCK)[np.asarray(header_positions) // BLOCK]
+    # The checksum is the sum of all header bytes with the checksum field read as 8 spaces.
+    computed = rows.sum(axis=1, dtype=np.int64) - rows[:, 148:156].sum(axis=1, dtype=np.int64)
+    computed += 8 * 32
+    for i in np.flatnonzero(computed != np.asarray(stored, dtype=np.int64)):
+        pos = header_positions[int(i)]
+        raise ShardFormatError(
+            f"{url}: corrupt tar header at byte offset {base + pos} (checksum mismatch)",
+            url=url,
+            offset=base + pos,
+        )
+
+
+def iter_tar(stream: IO[bytes], url: str, *, chunk_size: int = _DEFAULT_CHUNK) -> Iterator[TarEntry]:
+    """Yield the regular files of the tar archive read from ``stream``, in archive order.
+
+    Args:
+        stream: A binary file object, read sequentially with ``read(n)``.
+        url: Named in every error.
+        chunk_size: How many bytes to read at a time. Default: ``1 MiB``.
+
+    Raises:
+        ShardFormatError: Empty file, truncated member, corrupt header; the message names
+            ``url`` and the byte offset.
+    """
+    read = stream.read
+    buf = b""
+    base = 0  # file offset of buf[0]; always a multiple of 512
+    pos = 0  # next header position in buf
+    long_name: str | None = None
+    pax: dict[str, str] = {}
+    member_start: int | None = None  # offset of the first header of the current member
+    while True:
+        # Scan every member whose header and data are complete in buf.
+        entries: list[tuple[str, int, int, int]] = []  # (name, member start, data pos, size)
+        headers: list[int] = []
+        stored: list[int] = []
+        end = False
+        need = BLOCK
+        while len(buf) - pos >= BLOCK:
+            hdr = buf[pos : pos + BLOCK]
+            if hdr == _ZERO:
+                end = True
+                break
+            size = int(pax["size"]) if "size" in pax else _parse_size(hdr[124:136], url, base + pos)
+            data_end = pos + BLOCK + size
+            if data_end > len(buf):
+                need = data_end - pos
+                break
+            headers.append(pos)
+            stored.append(_stored_sum(hdr))
+            if member_start is None:
+                member_start = base + pos
+            flag = hdr[156:157]
+            if flag in _REGULAR:
+                if long_name is not None:
+                    name = long_name
+                elif "path" in pax:
+                    name = pax["path"]
+                else:
+                    name = hdr[0:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                    if hdr[257:263] == b"ustar\0" and hdr[345] != 0:
+                        prefix = hdr[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                        name = f"{prefix}/{name}"
+                entries.append((name, member_start, pos + BLOCK, size))
+                long_name, pax, member_start = None, {}, None
+            elif flag == b"L":
+                long_name = buf[pos + BLOCK : data_end].split(b"\0", 1)[0].decode(
+                    "utf-8", "surrogateescape"
+                )
+            elif flag == b"x":
+                pax = _parse_pax(buf[pos + BLOCK : data_end], url, base + pos)
+            else:  # directory, link, fifo, global pax header...: nothing to yield
+                long_name, pax, member_start = None, {}, None
+            pos += BLOCK + _padded(size)
+        if headers:
+            _check_sums(buf, headers, stored, base, url)
+        for name, start, dpos, size in entries:
+            yield TarEntry(name, buf[dpos : dpos + size], start, base + dpos)
+        if end:
+            return
+        # Refill: keep the unparsed tail, read at least what the next member needs.
+        if pos > len(buf):  # the last member's padding is not in buf yet
+            skip = pos - len(buf)
+            skipped = read(skip)
+            base += len(buf) + len(skipped)
+            buf, pos = b"", 0
+            if len(skipped) < skip:
+                _truncated(url, base, "in the padding after the last member")
+        more = read(max(chunk_size, need - (len(buf) - pos)))
+        if not more:
+            if len(buf) == pos:
+                if base + pos == 0:
+                    raise ShardFormatError(
+                        f"{url}: empty file (0 bytes) is not a tar archive", url=url, offset=0
+                    )
+                return  # EOF on a header boundary without the end-of-archive blocks
+            if len(buf) - pos < BLOCK:
+                _truncated(url, base + pos, "inside a header")
+            hdr = buf[pos : pos + BLOCK]
+            _check_sums(buf, [pos], [_stored_sum(hdr)], base, url)
+            name = hdr[0:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            _truncated(url, base + pos, f"inside member {name!r}")
+        base += pos
+        buf = buf[pos:] + more
+        pos = 0
+
+
+def _truncated(url: str, offset: int, where: str) -> None:
+    raise ShardFormatError(
+        f"{url}: truncated tar archive at byte offset {offset} ({where})", url=url, offset=offset
+    )

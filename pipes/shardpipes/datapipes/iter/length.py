@@ -1,0 +1,188 @@
+"""Stages that bound or fix the number of items: ``header``, ``set_length``, ``cycle``, ``fixed_length``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+from torch.utils.data import IterDataPipe
+
+from shardpipes.datapipes.iter._base import StageIterDataPipe, register
+
+__all__ = [
+    "CyclerIterDataPipe",
+    "FixedLengthIterDataPipe",
+    "HeaderIterDataPipe",
+    "LengthSetterIterDataPipe",
+]
+
+T = TypeVar("T")
+
+
+def _non_negative(name: str, value: int | None, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} should be a non-negative integer, got {value!r}")
+
+
+@register("header")
+class HeaderIterDataPipe(StageIterDataPipe[T]):
+    """Yield at most the first ``limit`` items of the source (functional name: ``header``).
+
+    Args:
+        source_datapipe: The source.
+        limit: How many items at most. Default: ``10``.
+
+    Example:
+        >>> from shardpipes.datapipes.iter import IterableWrapper
+        >>> list(IterableWrapper(range(100)).header(3))
+        [0, 1, 2]
+    """
+
+    def __init__(self, source_datapipe: IterDataPipe[T], limit: int = 10) -> None:
+        _non_negative("limit", limit)
+        self.source_datapipe = source_datapipe
+        self.limit = limit
+
+    def __iter__(self) -> Iterator[T]:
+        if self.limit == 0:
+            return
+        for i, item in enumerate(self.source_datapipe, 1):
+            yield item
+            if i >= self.limit:
+                return
+
+    def __len__(self) -> int:
+        return min(self.limit, len(self.source_datapipe))  # type: ignore[arg-type]
+
+
+@register("set_length")
+class LengthSetterIterDataPipe(StageIterDataPipe[T]):
+    """Give the source a length, yielding at most that many items (functional name: ``set_length``).
+
+    Args:
+        source_datapipe: The source.
+        length: The length ``len()`` reports; iteration stops after that many items.
+
+    Example:
+        >>> from shardpipes.datapipes.iter import IterableWrapper
+        >>> dp = IterableWrapper(iter(range(10))).set_length(4)
+        >>> len(dp), list(dp)
+        (4, [0, 1, 2, 3])
+    """
+
+    def __init__(self, source_datapipe: IterDataPipe[T], length: int) -> None:
+        _non_negative("length", length)
+        self.source_datapipe = source_datapipe
+        self.length = length
+
+    def __iter__(self) -> Iterator[T]:
+        if self.length == 0:
+            return
+        for i, item in enumerate(self.source_datapipe, 1):
+            yield item
+            if i >= self.length:
+                return
+
+    def __len__(self) -> int:
+        return self.length
+
+
+@register("cycle")
+class CyclerIterDataPipe(StageIterDataPipe[T]):
+    """Repeat the source ``count`` times, or forever (functional name: ``cycle``).
+
+    Args:
+        source_datapipe: The source.
+        count: How many passes; ``None`` (default) repeats forever.
+
+    Raises:
+        ValueError: The source is empty and ``count`` is ``None`` (that would spin forever).
+
+    Example:
+        >>> from shardpipes.datapipes.iter import IterableWrapper
+        >>> list(IterableWrapper([1, 2]).cycle(3))
+        [1, 2, 1, 2, 1, 2]
+    """
+
+    def __init__(self, source_datapipe: IterDataPipe[T], count: int | None = None) -> None:
+        _non_negative("count", count, allow_none=True)
+        self.source_datapipe = source_datapipe
+        self.count = count
+
+    def __iter__(self) -> Iterator[T]:
+        passes = 0
+        while self.count is None or passes < self.count:
+            empty = True
+            for item in self.source_datapipe:
+                empty = False
+                yield item
+            passes += 1
+            if empty and self.count is None:
+                raise ValueError(f"cycle() over an empty source ({self.source_datapipe!r}) would never end")
+
+    def __len__(self) -> int:
+        if self.count is None:
+            raise TypeError(f"{type(self).__name__} instance doesn't have valid length")
+        return self.count * len(self.source_datapipe)  # type: ignore[arg-type]
+
+
+@register("fixed_length")
+class FixedLengthIterDataPipe(StageIterDataPipe[T]):
+    """Yield exactly ``length`` items per epoch (functional name: ``fixed_length``).
+
+    If the source ends before ``length`` items, it is started again; if it has more, the next
+    epoch continues where this one stopped. Every epoch therefore has the same size whatever
+    the source's size, and over many epochs every item is seen equally often.
+
+    The position in the source lives in this object: it carries over between epochs in the
+    same process (in-process, or persistent workers), and is part of the loader's state.
+
+    Args:
+        source_datapipe: The source.
+        length: Items per epoch.
+
+    Raises:
+        ValueError: The source yields nothing at all (no epoch of ``length > 0`` is possible).
+
+    Example:
+        >>> from shardpipes.datapipes.iter import IterableWrapper
+        >>> dp = IterableWrapper(range(5)).fixed_length(3)
+        >>> list(dp), list(dp), list(dp)
+        ([0, 1, 2], [3, 4, 0], [1, 2, 3])
+    """
+
+    def __init__(self, source_datapipe: IterDataPipe[T], length: int) -> None:
+        _non_negative("length", length)
+        self.source_datapipe = source_datapipe
+        self.length = length
+        self._it: Iterator[T] | None = None
+
+    def __iter__(self) -> Iterator[T]:
+        produced = 0
+        fresh = False  # whether self._it was started during this step and yielded nothing yet
+        while produced < self.length:
+            if self._it is None:
+                self._it = iter(self.source_datapipe)
+                fresh = True
+            try:
+                item = next(self._it)
+            except StopIteration:
+                self._it = None
+                if fresh:
+                    raise ValueError(
+                        f"fixed_length({self.length}) over a source that yields nothing"
+                    ) from None
+                continue
+            fresh = False
+            produced += 1
+            yield item
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(super().__getstate__())
+        state["_it"] = None  # a live iterator does not pickle; a copy starts from the beginning
+        return state

@@ -1,0 +1,182 @@
+"""Equal-length iteration across distributed ranks (functional name: ``fullsync``).
+
+DDP needs every rank to run the same number of steps, but with uneven shards the ranks do not
+know in advance how many items each will get. torchdata 0.9's ``FullSync`` ran a collective for
+every item. Here each rank reads a chunk of items ahead (1, 2, 4, ... up to ``sync_every``)
+and the ranks agree on how many of them everyone yields with one ``all_reduce`` per chunk:
+
+- ``policy="stop"``: yield ``min`` over ranks, then stop everyone once any rank ran short.
+- ``policy="pad"``: yield ``max`` over ranks; a rank that ran short repeats its own most recent
+  items (up to ``sync_every`` of them, kept for this) to fill the difference.
+
+The same collective carries an error flag: when the source raises on one rank, the other ranks
+stop with an error that says so instead of waiting for a collective that never comes.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+from collections.abc import Iterator
+from typing import Any, Literal, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import IterDataPipe
+
+from shardpipes.datapipes.iter._base import StageIterDataPipe, register
+from shardpipes.errors import WorkerError
+
+__all__ = ["FullSyncIterDataPipe", "SyncStats"]
+
+T = TypeVar("T")
+Policy = Literal["stop", "pad"]
+
+
+class SyncStats:
+    """What the last epoch's synchronisation did on this rank.
+
+    Attributes:
+        yielded: Items yielded (equal on every rank).
+        own: Items yielded that came from this rank's source (the rest are padding).
+        dropped: Items this rank read but did not yield because another rank ran out first.
+        exhausted: Whether this rank's source ended this epoch.
+        collectives: Number of ``all_reduce`` calls made.
+    """
+
+    __slots__ = ("collectives", "dropped", "exhausted", "own", "yielded")
+
+    def __init__(self) -> None:
+        self.yielded = 0
+        self.own = 0
+        self.dropped = 0
+        self.exhausted = False
+        self.collectives = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return the counters as a plain dict."""
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+@register("fullsync")
+class FullSyncIterDataPipe(StageIterDataPipe[T]):
+    """Make every distributed rank yield the same number of items (functional name: ``fullsync``).
+
+    ``DistributedReadingService`` adds this at the end of the graph by itself (in the main
+    process, after the worker pool); write it only to choose ``policy`` or ``sync_every``.
+    Outside ``torch.distributed`` (or with one rank) it passes items through.
+
+    Args:
+        source_datapipe: The source (usually batches).
+        timeout: Seconds to wait for the other ranks at each synchronisation. Default: ``1800``.
+        policy: ``"stop"`` (default): all ranks stop when the first runs out. ``"pad"``: ranks
+            that run out repeat their own recent items until the longest rank ends.
+        sync_every: Largest number of items read ahead between synchronisations. Default: ``16``.
+
+    Raises:
+        WorkerError: Another rank failed or stopped answering within ``timeout``.
+
+    Example:
+        >>> from shardpipes.datapipes.iter import IterableWrapper
+        >>> list(IterableWrapper(range(3)).fullsync())  # one process: passes through
+        [0, 1, 2]
+    """
+
+    def __init__(
+        self,
+        source_datapipe: IterDataPipe[T],
+        timeout: float = 1800,
+        *,
+        policy: Policy = "stop",
+        sync_every: int = 16,
+    ) -> None:
+        if policy not in ("stop", "pad"):
+            raise ValueError(f"policy {policy!r} is not known; must be one of 'stop', 'pad'")
+        if sync_every <= 0:
+            raise ValueError(f"sync_every should be a positive integer, got {sync_every!r}")
+        if timeout <= 0:
+            raise ValueError(f"timeout should be positive, got {timeout!r}")
+        self.source_datapipe = source_datapipe
+        self.timeout = timeout
+        self.policy = policy
+        self.sync_every = sync_every
+        self._group: Any = None
+        self.stats = SyncStats()
+
+    def set_process_group(self, group: Any) -> FullSyncIterDataPipe[T]:
+        """Use ``group`` (a gloo group) for the collectives; called by the reading service."""
+        self._group = group
+        return self
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(super().__getstate__())
+        state["_group"] = None  # process groups do not pickle
+        return state
+
+    def __iter__(self) -> Iterator[T]:
+        self.stats = stats = SyncStats()
+        if not dist.is_available() or not dist.is_initialized():
+            yield from self.source_datapipe
+            return
+        group = self._group
+        if dist.get_world_size(group) == 1:
+            yield from self.source_datapipe
+            return
+        rank = dist.get_rank()
+        recent: collections.deque[T] = collections.deque(maxlen=self.sync_every)
+        it = iter(self.source_datapipe)
+        size = 1
+        while True:
+            chunk: list[T] = []
+            failure: BaseException | None = None
+            try:
+                while len(chunk) < size and not stats.exhausted:
+                    try:
+                        chunk.append(next(it))
+                    except StopIteration:
+                        stats.exhausted = True
+            except Exception as exc:
+                failure = exc
+            low, high = self._agree(len(chunk), failure is not None, rank, stats)
+            if failure is not None:
+                raise failure
+            take = low if self.policy == "stop" else high
+            for item in chunk[:take]:
+                recent.append(item)
+                stats.own += 1
+                stats.yielded += 1
+                yield item
+            stats.dropped += max(len(chunk) - take, 0)
+            missing = take - len(chunk)
+            if missing > 0:
+                if not recent:
+                    raise WorkerError(
+                        f"rank {rank} has no items of its own to pad with (policy='pad'): it got no "
+                        "data this epoch; use more shards than ranks x workers, or policy='stop'"
+                    )
+                pad = list(recent)
+                for i in range(missing):
+                    stats.yielded += 1
+                    yield pad[i % len(pad)]
+            if take < size:  # some rank ("stop") or every rank ("pad") ran out
+                return
+            size = min(size * 2, self.sync_every)
+
+    def _agree(self, count: int, failed: bool, rank: int, stats: SyncStats) -> tuple[int, int]:
+        # One all_reduce(MAX) over [count, -count, failed] gives max, -min and any failure.
+        t = torch.tensor([count, -count, int(failed)], dtype=torch.int64)
+        stats.collectives += 1
+        try:
+            work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
+            work.wait(datetime.timedelta(seconds=self.timeout))
+        except Exception as exc:
+            raise WorkerError(
+                f"rank {rank}: the ranks could not agree on the epoch length within "
+                f"{self.timeout:g} s; another rank probably died or stopped iterating ({exc})"
+            ) from exc
+        high, low, any_failed = (int(v) for v in t.tolist())
+        if any_failed and not failed:
+            raise WorkerError(
+                f"rank {rank}: another rank failed while loading data; its own error says why"
+            )
+        return -low, high

@@ -1,0 +1,183 @@
+"""Group tar members into samples by key (functional name: ``webdataset``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import IO, Any
+
+from shardpipes.datapipes.iter._base import StageIterDataPipe, register
+from shardpipes.datapipes.iter._tarparse import TarEntry
+from shardpipes.datapipes.iter.tar import TarArchiveLoaderIterDataPipe
+from shardpipes.errors import SampleFormatError
+from shardpipes.handlers import HandlerLike, SkipStats, resolve_handler
+
+__all__ = ["Sample", "WebDatasetIterDataPipe", "split_key"]
+
+Sample = dict[str, Any]
+
+
+def split_key(name: str) -> tuple[str, str]:
+    """Split a member path into ``(key, extension)`` as the WebDataset format defines them.
+
+    The key is the path up to the first dot of the basename; the extension is the rest, with
+    its leading dot: ``"train/x.seg.png"`` -> ``("train/x", ".seg.png")``. A basename with no
+    dot gives an empty extension.
+    """
+    dot = name.find(".", name.rfind("/") + 1)
+    if dot < 0:
+        return name, ""
+    return name[:dot], name[dot:]
+
+
+@register("webdataset")
+class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
+    """Group consecutive tar members with the same key into one sample (functional name: ``webdataset``).
+
+    A sample is a dict ``{"__key__": key, "__url__": shard URL, ".jpg": bytes, ".cls": bytes,
+    ...}``, one entry per member, keyed by the member's extension (everything after the first
+    dot of its basename). Samples never straddle two shards. Members of one sample must be
+    adjacent in the archive, as the WebDataset format requires; a key that comes back later in
+    the same shard is an error rather than a silently split sample.
+
+    Args:
+        source_datapipe: ``(path, stream)`` pairs, as ``load_from_tar`` yields.
+        required: Extensions every sample must have, e.g. ``[".jpg", ".cls"]``. Default: none.
+        handler: What to do with a bad member or sample: ``"raise"`` (default),
+            ``"warn_and_skip"``, ``"skip"``, ``"stop"``, or a callable.
+
+    Yields:
+        dict: One sample per key.
+
+    Raises:
+        SampleFormatError: A member with no extension, a key whose members are not adjacent,
+            a repeated extension, or a missing required field; naming the URL and key.
+
+    Example:
+        >>> import io, tarfile, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "shard.tar")
+        >>> with tarfile.open(path, "w") as t:
+        ...     for name, data in [("a.cls", b"1"), ("a.txt", b"x"), ("b.cls", b"2")]:
+        ...         info = tarfile.TarInfo(name); info.size = len(data)
+        ...         t.addfile(info, io.BytesIO(data))
+        >>> from shardpipes.datapipes.iter import IterableWrapper
+        >>> dp = IterableWrapper([path]).open_files_by_fsspec().load_from_tar().webdataset()
+        >>> [(s["__key__"], sorted(k for k in s if not k.startswith("__"))) for s in dp]
+        [('a', ['.cls', '.txt']), ('b', ['.cls'])]
+    """
+
+    def __init__(
+        self,
+        source_datapipe: Iterable[tuple[str, IO[bytes]]],
+        *,
+        required: Sequence[str] | None = None,
+        handler: HandlerLike = "raise",
+    ) -> None:
+        self.source_datapipe = source_datapipe
+        self.required = tuple(_dotted(e) for e in required or ())
+        self.handler = resolve_handler(handler)
+        self.skipped = SkipStats()
+
+    def _entries(self) -> Iterator[tuple[str, TarEntry]]:
+        src = self.source_datapipe
+        if isinstance(src, TarArchiveLoaderIterDataPipe):
+            # Fused path: take members straight from the tar parser, without stream objects.
+            yield from src.members()
+            return
+        count = 0
+        last_url = None
+        for path, stream in src:
+            url = getattr(stream, "url", None)
+            name = getattr(stream, "name", None)
+            if url is None or not isinstance(name, str):
+                url, name = "", path  # a foreign source: the key keeps the full path
+            count = 0 if url != last_url else count + 1
+            last_url = url
+            data = stream.read()
+            stream.close()
+            yield url, TarEntry(name, data, count, count)
+
+    def __iter__(self) -> Iterator[Sample]:
+        policy = self.handler
+        required = self.required
+        sample: Sample | None = None
+        key: str | None = None
+        url: str | None = None
+        last_offset = -1
+        seen: set[str] = set()
+        for member_url, entry in self._entries():
+            name = entry.name
+            if member_url != url or entry.offset <= last_offset:  # a new shard begins
+                if sample is not None:
+                    out = self._finish(sample, required, policy)
+                    if out is not None:
+                        yield out
+                sample, key, url = None, None, member_url
+                seen = set()
+            last_offset = entry.offset
+            dot = name.find(".", name.rfind("/") + 1)
+            try:
+                if dot < 0:
+                    raise SampleFormatError(
+                        f"{member_url}: member {name!r} has no extension (a sample field needs "
+                        "one, as in 'key.jpg')",
+                        url=member_url,
+                        key=name,
+                    )
+                member_key = name[:dot]
+                ext = name[dot:]
+                if member_key != key:
+                    if sample is not None:
+                        out = self._finish(sample, required, policy)
+                        if out is not None:
+                            yield out
+                        sample = None
+                    if member_key in seen:
+                        key = None
+                        raise SampleFormatError(
+                            f"{member_url}: key {member_key!r} appears again at member {name!r} "
+                            "after other keys; the members of a sample must be adjacent",
+                            url=member_url,
+                            key=member_key,
+                        )
+                    seen.add(member_key)
+                    key = member_key
+                    sample = {"__key__": member_key, "__url__": member_url}
+                elif sample is None:
+                    continue  # the rest of a sample that was already skipped
+                if ext in sample:
+                    bad, sample = sample, None
+                    raise SampleFormatError(
+                        f"{member_url}: sample {member_key!r} has two {ext!r} members",
+                        url=member_url,
+                        key=bad["__key__"],
+                    )
+                sample[ext] = entry.data
+            except SampleFormatError as exc:
+                if not policy(exc, member_url, self.skipped):
+                    return
+        if sample is not None:
+            out = self._finish(sample, required, policy)
+            if out is not None:
+                yield out
+
+    def _finish(self, sample: Sample, required: tuple[str, ...], policy: Any) -> Sample | None:
+        if not required:
+            return sample
+        missing = [e for e in required if e not in sample]
+        if not missing:
+            return sample
+        url = sample["__url__"]
+        have = ", ".join(k for k in sample if not k.startswith("__"))
+        exc = SampleFormatError(
+            f"{url}: sample {sample['__key__']!r} has no {', '.join(missing)} (it has {have})",
+            url=url,
+            key=sample["__key__"],
+        )
+        if policy.raises:
+            raise exc
+        policy(exc, url, self.skipped)
+        return None
+
+
+def _dotted(ext: str) -> str:
+    return ext if ext.startswith(".") else f".{ext}"

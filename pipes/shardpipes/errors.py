@@ -1,0 +1,107 @@
+"""Exceptions and warnings raised by shardpipes.
+
+Every exception subclasses a builtin as well as :class:`ShardpipesError`, so callers can catch
+``OSError`` or ``ValueError`` as they would from the standard library, and every message names
+the URL and, where there is one, the member name or byte offset.
+"""
+
+from __future__ import annotations
+
+import errno
+
+__all__ = [
+    "DecodeError",
+    "SampleFormatError",
+    "ShardFormatError",
+    "ShardReadError",
+    "ShardpipesError",
+    "ShardpipesWarning",
+    "SkippedInputWarning",
+    "WorkerError",
+]
+
+
+class ShardpipesError(Exception):
+    """Base class of every exception that shardpipes raises on its own account."""
+
+
+class ShardReadError(ShardpipesError, OSError):
+    """A shard could not be read: missing, forbidden, or the network failed past the retries.
+
+    Attributes:
+        url: The shard's URL (never with credentials).
+        offset: The byte offset reached when the read failed, or ``None``.
+    """
+
+    def __init__(self, message: str, *, url: str, offset: int | None = None, err: int = errno.EIO):
+        super().__init__(err, message)
+        self.url = url
+        self.offset = offset
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_read_error, (str(self.strerror), self.url, self.offset, self.errno))
+
+
+def _rebuild_read_error(message: str, url: str, offset: int | None, err: int) -> ShardReadError:
+    return ShardReadError(message, url=url, offset=offset, err=err)
+
+
+class ShardFormatError(ShardpipesError, ValueError):
+    """A shard is not a valid tar archive: truncated, corrupt header, bad checksum.
+
+    Attributes:
+        url: The shard's URL.
+        offset: Byte offset of the bad header or of the truncation.
+        member: Name of the member involved, when known.
+    """
+
+    def __init__(self, message: str, *, url: str, offset: int, member: str | None = None):
+        super().__init__(message)
+        self.url = url
+        self.offset = offset
+        self.member = member
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_format_error, (self.args[0], self.url, self.offset, self.member))
+
+
+def _rebuild_format_error(
+    message: str, url: str, offset: int, member: str | None
+) -> ShardFormatError:
+    return ShardFormatError(message, url=url, offset=offset, member=member)
+
+
+class SampleFormatError(ShardpipesError, ValueError):
+    """Members of a shard do not form valid samples (no extension, key not adjacent, missing field).
+
+    Attributes:
+        url: The shard's URL.
+        key: The sample key involved.
+    """
+
+    def __init__(self, message: str, *, url: str, key: str):
+        super().__init__(message)
+        self.url = url
+        self.key = key
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.args[0],), {"url": self.url, "key": self.key})
+
+
+class DecodeError(SampleFormatError):
+    """A field of a sample could not be decoded (for example invalid JSON or a broken image)."""
+
+
+class WorkerError(ShardpipesError, RuntimeError):
+    """A worker process or a rank died or failed; the message names which one and why."""
+
+
+class ShardpipesWarning(UserWarning):
+    """Base class of warnings about problems the user can act on."""
+
+
+class SkippedInputWarning(ShardpipesWarning):
+    """Input was skipped under a ``warn_and_skip`` handler; the message says what and why."""
