@@ -15,6 +15,7 @@ __all__ = [
     "ShardFormatError",
     "ShardReadError",
     "ShardpipesError",
+    "ShardingWarning",
     "ShardpipesWarning",
     "SkippedInputWarning",
     "WorkerError",
@@ -105,3 +106,7 @@ class ShardpipesWarning(UserWarning):
 
 class SkippedInputWarning(ShardpipesWarning):
     """Input was skipped under a ``warn_and_skip`` handler; the message says what and why."""
+
+
+class ShardingWarning(ShardpipesWarning):
+    """The graph is not split across readers as intended (for example no ``sharding_filter``)."""

@@ -1,0 +1,96 @@
+"""What runs inside worker processes, and the stage that reads from the pool.
+
+The pool is torchdata's ``StatefulDataLoader`` (see docs/concepts.md, "Why StatefulDataLoader"):
+it owns process start-up, prefetching, in-order round-robin across workers, worker-death
+detection, pinning and per-worker state. We give it a plain ``IterableDataset`` (not an
+``IterDataPipe``, so torch applies none of its own DataPipe sharding or seeding) that applies
+ours: multiprocessing-priority sharding once per worker, and per-epoch seeds read from a small
+shared-memory tensor that the main process writes before each epoch (workers persist across
+epochs, so this is how a new seed reaches them).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset, IterDataPipe, get_worker_info
+from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
+from torch.utils.data.graph_settings import apply_sharding
+
+from shardpipes.dataloader2.seeding import SeedGenerator, seed_graph
+from shardpipes.datapipes.iter._base import StageIterDataPipe
+
+__all__ = ["EpochSlot", "WorkerDataset", "WorkerPoolIterDataPipe"]
+
+# Slots of the shared epoch tensor: seed, epoch, then the spawn path (rank, ...), its length.
+_MAX_PATH = 4
+
+
+class EpochSlot:
+    """A shared-memory record of the current epoch's seed generator, read by the workers."""
+
+    def __init__(self) -> None:
+        self.tensor = torch.zeros(3 + _MAX_PATH, dtype=torch.int64).share_memory_()
+
+    def write(self, gen: SeedGenerator) -> None:
+        """Publish ``gen`` (called in the main process before each epoch)."""
+        if len(gen.path) > _MAX_PATH:
+            raise ValueError(f"seed path {gen.path} is deeper than {_MAX_PATH}")
+        values = [gen.seed, gen.epoch, len(gen.path), *gen.path]
+        self.tensor[: len(values)] = torch.tensor(values, dtype=torch.int64)
+
+    def read(self) -> SeedGenerator:
+        """Return the published generator (called in a worker at the start of each epoch)."""
+        seed, epoch, depth, *path = (int(v) for v in self.tensor.tolist())
+        return SeedGenerator(seed, epoch, tuple(path[:depth]))
+
+
+class WorkerDataset(IterableDataset[Any]):
+    """The dataset each worker iterates: its own copy of the graph, sharded and seeded."""
+
+    def __init__(
+        self,
+        datapipe: IterDataPipe[Any],
+        slot: EpochSlot,
+        user_init: Callable[[IterDataPipe[Any], int], IterDataPipe[Any]] | None,
+    ) -> None:
+        self.datapipe = datapipe
+        self.slot = slot
+        self.user_init = user_init
+        self._sharded = False
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if not self._sharded:
+            # Under 'fork' the graph object is shared copy-on-write; shard a private copy.
+            self.datapipe = apply_sharding(
+                copy.deepcopy(self.datapipe),
+                num_workers,
+                worker,
+                SHARDING_PRIORITIES.MULTIPROCESSING,
+            )
+            if self.user_init is not None:
+                self.datapipe = self.user_init(self.datapipe, worker)
+            self._sharded = True
+        gen = self.slot.read().spawn(worker)
+        seed_graph(self.datapipe, gen)
+        return iter(self.datapipe)
+
+
+class WorkerPoolIterDataPipe(StageIterDataPipe[Any]):
+    """Yields what the worker processes of a ``MultiProcessingReadingService`` produce.
+
+    Not a user-facing stage: ``MultiProcessingReadingService.initialize`` puts it in the graph
+    in place of the part that runs in workers.
+    """
+
+    def __init__(self, source_datapipe: IterDataPipe[Any], service: Any) -> None:
+        self.source_datapipe = source_datapipe
+        self.service = service
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.service._iterate_pool()

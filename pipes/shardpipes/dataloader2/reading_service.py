@@ -1,0 +1,398 @@
+"""Reading services: how a graph is split across ranks and worker processes.
+
+A reading service is a small object with four documented call times (torchdata 0.9's
+protocol, minus its ``__del__``):
+
+- ``initialize(datapipe) -> datapipe``: once, on the first epoch, with ``DataLoader2``'s own
+  deep copy of the user's graph. Applies sharding, adds stages, returns the graph to iterate.
+- ``initialize_iteration(seed_generator) -> seed_generator``: before each epoch's first item.
+  Seeds the graph; returns the generator for the next service (rank, then worker spawned).
+- ``finalize_iteration()``: after each epoch ends, is left with ``break``, or fails.
+- ``finalize()``: once, from ``DataLoader2.shutdown()``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import IterDataPipe
+from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, _ShardingIterDataPipe
+from torch.utils.data.graph import traverse_dps
+from torch.utils.data.graph_settings import apply_sharding, get_all_graph_pipes
+
+from shardpipes.dataloader2._worker import EpochSlot, WorkerDataset, WorkerPoolIterDataPipe
+from shardpipes.dataloader2.seeding import SeedGenerator, seed_graph
+from shardpipes.datapipes.iter.prefetch import PinMemoryIterDataPipe, PrefetcherIterDataPipe
+from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe, Policy
+from shardpipes.errors import ShardingWarning, WorkerError
+
+__all__ = [
+    "DistributedReadingService",
+    "InProcessReadingService",
+    "MultiProcessingReadingService",
+    "ReadingServiceInterface",
+    "SequentialReadingService",
+]
+
+logger = logging.getLogger(__name__)
+
+# Stages that stay in the main process when the rest of the graph moves into workers: they
+# must see the output of all workers together (fullsync) or the main process's memory (pin).
+_MAIN_PROCESS_STAGES = (FullSyncIterDataPipe, PinMemoryIterDataPipe)
+
+
+class ReadingServiceInterface(ABC):
+    """Base class of reading services; see the module docstring for when each method is called."""
+
+    @abstractmethod
+    def initialize(self, datapipe: IterDataPipe[Any]) -> IterDataPipe[Any]:
+        """Prepare the graph once; return the graph ``DataLoader2`` iterates."""
+
+    def initialize_iteration(self, seed_generator: SeedGenerator) -> SeedGenerator:
+        """Prepare one epoch; return the seed generator for the next service."""
+        return seed_generator
+
+    def finalize_iteration(self) -> None:  # noqa: B027 - optional hook, empty by default
+        """Clean up after one epoch (ended, abandoned or failed)."""
+
+    def finalize(self) -> None:  # noqa: B027 - optional hook, empty by default
+        """Release everything (processes, process groups); called by ``DataLoader2.shutdown``."""
+
+
+def _has_sharding(datapipe: IterDataPipe[Any]) -> bool:
+    return any(isinstance(dp, _ShardingIterDataPipe) for dp in get_all_graph_pipes(traverse_dps(datapipe)))
+
+
+def _warn_unsharded(datapipe: IterDataPipe[Any], readers: int, who: str) -> None:
+    if readers > 1 and not _has_sharding(datapipe):
+        warnings.warn(
+            f"{who}: the graph has no sharding_filter, so each of the {readers} readers yields "
+            "all of the data; add .sharding_filter() after the shard-level stages",
+            ShardingWarning,
+            stacklevel=4,
+        )
+
+
+class InProcessReadingService(ReadingServiceInterface):
+    """Run the whole graph in the calling process, seeded per epoch. The default service."""
+
+    def initialize(self, datapipe: IterDataPipe[Any]) -> IterDataPipe[Any]:
+        """Keep the graph as it is."""
+        self._datapipe = datapipe
+        return datapipe
+
+    def initialize_iteration(self, seed_generator: SeedGenerator) -> SeedGenerator:
+        """Seed the graph for this epoch."""
+        seed_graph(self._datapipe, seed_generator)
+        return seed_generator
+
+
+def _split_tail(datapipe: IterDataPipe[Any]) -> tuple[list[Any], IterDataPipe[Any]]:
+    """Peel the main-process stages off the output end: return (tail, outermost first), core."""
+    tail = []
+    while isinstance(datapipe, _MAIN_PROCESS_STAGES):
+        tail.append(datapipe)
+        datapipe = datapipe.source_datapipe
+    return tail, datapipe
+
+
+def _reattach(tail: list[Any], core: IterDataPipe[Any]) -> IterDataPipe[Any]:
+    for stage in reversed(tail):
+        stage.source_datapipe = core
+        core = stage
+    return core
+
+
+class MultiProcessingReadingService(ReadingServiceInterface):
+    """Run the graph in ``num_workers`` worker processes, each reading its own part.
+
+    The ``sharding_filter`` of the graph is applied per worker (after any distributed
+    sharding, so a reader is ``rank * num_workers + worker``); batches made in workers travel
+    to the main process whole, in a deterministic round-robin order. Workers persist across
+    epochs. ``fullsync`` and ``pin_memory`` at the end of the graph stay in the main process.
+    With ``num_workers=0`` the graph runs in the main process.
+
+    Args:
+        num_workers: Worker processes. Default: ``0``.
+        multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or ``None`` (the
+            platform default).
+        worker_prefetch_cnt: Items each worker keeps ready. Default: ``2``.
+        main_prefetch_cnt: Items a main-process thread keeps ready; ``0`` for none. Default: ``0``.
+        worker_init_fn: ``fn(datapipe, worker_id) -> datapipe``, applied once in each worker.
+        pin_memory: Pin tensors in the main process (when an accelerator exists).
+        timeout: Seconds to wait for a worker's next item before failing; ``0`` waits as long
+            as the workers live. Default: ``0``.
+
+    Raises:
+        WorkerError: A worker died (killed by a signal, out of memory), naming it.
+
+    Example:
+        >>> from shardpipes.datapipes.iter import IterableWrapper
+        >>> from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService
+        >>> dp = IterableWrapper(range(8)).sharding_filter().batch(2)
+        >>> with DataLoader2(dp, reading_service=MultiProcessingReadingService(num_workers=2)) as dl:
+        ...     sorted(x for batch in dl for x in batch)
+        [0, 1, 2, 3, 4, 5, 6, 7]
+    """
+
+    def __init__(
+        self,
+        num_workers: int = 0,
+        multiprocessing_context: str | None = None,
+        worker_prefetch_cnt: int = 2,
+        main_prefetch_cnt: int = 0,
+        worker_init_fn: Callable[[IterDataPipe[Any], int], IterDataPipe[Any]] | None = None,
+        *,
+        pin_memory: bool = False,
+        timeout: float = 0,
+    ) -> None:
+        if num_workers < 0:
+            raise ValueError(f"num_workers should be >= 0, got {num_workers!r}")
+        if worker_prefetch_cnt <= 0 or main_prefetch_cnt < 0:
+            raise ValueError(
+                f"worker_prefetch_cnt ({worker_prefetch_cnt}) should be > 0 and "
+                f"main_prefetch_cnt ({main_prefetch_cnt}) >= 0"
+            )
+        if multiprocessing_context not in (None, *torch.multiprocessing.get_all_start_methods()):
+            raise ValueError(
+                f"multiprocessing_context {multiprocessing_context!r} is not available; must be one "
+                f"of {', '.join(torch.multiprocessing.get_all_start_methods())} or None"
+            )
+        self.num_workers = num_workers
+        self.multiprocessing_context = multiprocessing_context
+        self.worker_prefetch_cnt = worker_prefetch_cnt
+        self.main_prefetch_cnt = main_prefetch_cnt
+        self.worker_init_fn = worker_init_fn
+        self.pin_memory = pin_memory
+        self.timeout = timeout
+        self._core: IterDataPipe[Any] | None = None
+        self._slot: EpochSlot | None = None
+        self._loader: Any = None
+        self._generator: SeedGenerator | None = None
+
+    def initialize(self, datapipe: IterDataPipe[Any]) -> IterDataPipe[Any]:
+        """Move all but the main-process tail of the graph into the worker pool."""
+        tail, core = _split_tail(datapipe)
+        self._core = core
+        if self.num_workers == 0:
+            return datapipe
+        _warn_unsharded(core, self.num_workers, "MultiProcessingReadingService")
+        self._slot = EpochSlot()
+        pool: IterDataPipe[Any] = WorkerPoolIterDataPipe(core, self)
+        if self.main_prefetch_cnt:
+            pool = PrefetcherIterDataPipe(pool, self.main_prefetch_cnt)
+        return _reattach(tail, pool)
+
+    def initialize_iteration(self, seed_generator: SeedGenerator) -> SeedGenerator:
+        """Publish this epoch's seeds to the workers (or seed the in-process graph)."""
+        self._generator = seed_generator
+        if self.num_workers == 0:
+            if self._core is None:
+                raise RuntimeError("initialize() was not called")
+            seed_graph(self._core, seed_generator)
+        elif self._slot is not None:
+            self._slot.write(seed_generator)
+        return seed_generator
+
+    def _make_loader(self) -> Any:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        if self._core is None or self._slot is None or self._generator is None:
+            raise RuntimeError("initialize() and initialize_iteration() were not called")
+        generator = torch.Generator()
+        generator.manual_seed(self._generator.torch_seed())
+        with warnings.catch_warnings():
+            # torchdata 0.11 calls the deprecated torch.set_vital on every construction.
+            warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
+            return self._construct(StatefulDataLoader, generator)
+
+    def _construct(self, loader_cls: Any, generator: torch.Generator) -> Any:
+        return loader_cls(
+            WorkerDataset(self._core, self._slot, self.worker_init_fn),
+            batch_size=None,
+            num_workers=self.num_workers,
+            multiprocessing_context=self.multiprocessing_context,
+            prefetch_factor=self.worker_prefetch_cnt,
+            persistent_workers=True,
+            pin_memory=self.pin_memory,
+            timeout=self.timeout,
+            generator=generator,
+            in_order=True,
+        )
+
+    def _iterate_pool(self) -> Iterator[Any]:
+        if self._loader is None:
+            self._loader = self._make_loader()
+        it: Iterator[Any] | None = None
+        while True:
+            try:
+                if it is None:
+                    it = iter(self._loader)  # starts (or resets) the workers
+                item = next(it)
+            except StopIteration:
+                return
+            except Exception as exc:
+                raise self._explain(exc) from None
+            yield item
+
+    def _explain(self, exc: Exception) -> Exception:
+        """Name the rank in a worker's error; turn a dead worker into a ``WorkerError``."""
+        gen = self._generator
+        where = f"rank {gen.path[0]}" if gen is not None and gen.path else ""
+        text = str(exc)
+        if isinstance(exc, RuntimeError) and "DataLoader worker" in text and (
+            "exited unexpectedly" in text or "killed by signal" in text
+        ):
+            err = WorkerError(f"{where + ': ' if where else ''}a worker process died: {text}")
+            err.__cause__ = exc
+            return err
+        if where:
+            exc.add_note(f"(in the data loader of {where})")
+        return exc
+
+    def finalize(self) -> None:
+        """Stop the worker processes."""
+        loader, self._loader = self._loader, None
+        iterator = getattr(loader, "_iterator", None)
+        if iterator is not None:
+            # StatefulDataLoader keeps persistent workers on this iterator; stopping them
+            # here, not in a __del__, is what makes shutdown deterministic.
+            iterator._shutdown_workers()
+
+
+class DistributedReadingService(ReadingServiceInterface):
+    """Split the graph across the ranks of ``torch.distributed`` and equalise their lengths.
+
+    Uses the default process group however it was started (``init_process_group``, torchrun,
+    Lightning, Ray), with a gloo group of its own for its few CPU collectives. The graph's
+    ``sharding_filter`` is applied with the rank; ``fullsync`` is added at the end so every
+    rank yields the same number of items each epoch without knowing the data size. Before each
+    epoch the ranks check that they agree on the seed and epoch.
+
+    Args:
+        timeout: Seconds to wait for other ranks at a synchronisation. Default: ``1800``.
+        policy: ``"stop"`` (default: all ranks stop when the first runs out) or ``"pad"``
+            (short ranks repeat their own recent items until the longest rank ends).
+        sync_every: Largest number of items between synchronisations. Default: ``16``.
+
+    Raises:
+        RuntimeError: ``torch.distributed`` is not initialised, with the fix.
+        WorkerError: Another rank died, failed or disagreed on the seed.
+    """
+
+    def __init__(self, timeout: float = 1800, *, policy: Policy = "stop", sync_every: int = 16) -> None:
+        if timeout <= 0:
+            raise ValueError(f"timeout should be positive, got {timeout!r}")
+        if policy not in ("stop", "pad"):
+            raise ValueError(f"policy {policy!r} is not known; must be one of 'stop', 'pad'")
+        self.timeout = timeout
+        self.policy = policy
+        self.sync_every = sync_every
+        self._group: Any = None
+        self._rank = 0
+        self._world_size = 1
+        self._datapipe: IterDataPipe[Any] | None = None
+
+    def initialize(self, datapipe: IterDataPipe[Any]) -> IterDataPipe[Any]:
+        """Apply distributed sharding and add ``fullsync`` at the end of the graph."""
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError(
+                "DistributedReadingService needs torch.distributed to be initialised: call "
+                "torch.distributed.init_process_group(...) first, or launch with torchrun"
+            )
+        self._rank, self._world_size = dist.get_rank(), dist.get_world_size()
+        timeout = datetime.timedelta(seconds=self.timeout)
+        # Our collectives are on small CPU tensors: use gloo even when training uses NCCL.
+        self._group = (
+            None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
+        )
+        _warn_unsharded(datapipe, self._world_size, "DistributedReadingService")
+        apply_sharding(datapipe, self._world_size, self._rank, SHARDING_PRIORITIES.DISTRIBUTED)
+        if not isinstance(datapipe, FullSyncIterDataPipe):
+            datapipe = FullSyncIterDataPipe(
+                datapipe, self.timeout, policy=self.policy, sync_every=self.sync_every
+            )
+        inner = [
+            dp
+            for dp in get_all_graph_pipes(traverse_dps(datapipe.source_datapipe))
+            if isinstance(dp, FullSyncIterDataPipe)
+        ]
+        if inner:
+            raise ValueError(
+                "fullsync() may only be the last stage of the graph (it synchronises ranks in the "
+                "main process); remove the inner fullsync()"
+            )
+        datapipe.set_process_group(self._group)
+        self._datapipe = datapipe
+        return datapipe
+
+    def initialize_iteration(self, seed_generator: SeedGenerator) -> SeedGenerator:
+        """Check that all ranks agree on seed and epoch; seed the graph for this rank."""
+        values = [seed_generator.seed & (2**62 - 1), seed_generator.epoch]
+        t = torch.tensor([v for x in values for v in (x, -x)], dtype=torch.int64)
+        work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
+        work.wait(datetime.timedelta(seconds=self.timeout))
+        hi_seed, neg_lo_seed, hi_epoch, neg_lo_epoch = (int(v) for v in t.tolist())
+        if hi_seed != -neg_lo_seed or hi_epoch != -neg_lo_epoch:
+            raise WorkerError(
+                f"rank {self._rank}: the ranks disagree on the loader seed or epoch (this rank: "
+                f"seed {values[0]}, epoch {values[1]}; seeds across ranks {-neg_lo_seed}..{hi_seed}, "
+                f"epochs {-neg_lo_epoch}..{hi_epoch}); call dl.seed() with the same value on every "
+                "rank and iterate the same number of epochs"
+            )
+        rank_generator = seed_generator.spawn(self._rank)
+        if self._datapipe is not None:
+            seed_graph(self._datapipe, rank_generator)
+        return rank_generator
+
+    def finalize(self) -> None:
+        """Destroy the gloo group this service created."""
+        group, self._group = self._group, None
+        if group is not None and dist.is_initialized():
+            dist.destroy_process_group(group)
+
+
+class SequentialReadingService(ReadingServiceInterface):
+    """Combine services, typically ``SequentialReadingService(DistributedReadingService(), MultiProcessingReadingService(n))``.
+
+    Each call is passed to the services in order (``finalize*`` in reverse order), and the
+    seed generator returned by one is given to the next: the distributed service spawns the
+    rank, the multiprocessing service the worker.
+
+    Args:
+        *reading_services: The services, outermost first.
+    """
+
+    def __init__(self, *reading_services: ReadingServiceInterface) -> None:
+        if not reading_services:
+            raise ValueError("SequentialReadingService needs at least one reading service")
+        self.reading_services = reading_services
+
+    def initialize(self, datapipe: IterDataPipe[Any]) -> IterDataPipe[Any]:
+        """Initialise each service in order."""
+        for rs in self.reading_services:
+            datapipe = rs.initialize(datapipe)
+        return datapipe
+
+    def initialize_iteration(self, seed_generator: SeedGenerator) -> SeedGenerator:
+        """Pass the seed generator through each service in order."""
+        for rs in self.reading_services:
+            seed_generator = rs.initialize_iteration(seed_generator)
+        return seed_generator
+
+    def finalize_iteration(self) -> None:
+        """Finalise the epoch in each service, in reverse order."""
+        for rs in reversed(self.reading_services):
+            rs.finalize_iteration()
+
+    def finalize(self) -> None:
+        """Finalise each service, in reverse order."""
+        for rs in reversed(self.reading_services):
+            rs.finalize()

@@ -1,0 +1,101 @@
+"""Seeds for every random stage of a graph, from one loader seed.
+
+The only source of randomness is the loader's seed and the epoch number. Each random stage
+(anything with ``set_seed``) gets a seed made by ``numpy.random.SeedSequence`` from structured
+parts, never by adding numbers:
+
+- stages *before* ``sharding_filter`` (shard-order shuffles): ``[seed, epoch, stage, 0]``,
+  the same on every rank and worker, so all readers agree on the shard order;
+- stages *after* it (sample buffers): ``[seed, epoch, stage, 1, rank, worker]``, distinct per
+  reader.
+
+``stage`` is the position of the stage in a depth-first walk of the graph from its output,
+which is the same in every process that holds a copy of the graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from torch.utils.data import IterDataPipe
+from torch.utils.data.datapipes.iter.sharding import _ShardingIterDataPipe
+from torch.utils.data.graph import DataPipeGraph, traverse_dps
+
+__all__ = ["SeedGenerator", "random_stages", "seed_graph"]
+
+_MASK63 = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class SeedGenerator:
+    """The loader seed and epoch, plus the reader path (rank, worker) spawned so far.
+
+    Reading services pass it down: ``DistributedReadingService`` spawns the rank,
+    ``MultiProcessingReadingService`` the worker.
+    """
+
+    seed: int
+    epoch: int
+    path: tuple[int, ...] = ()
+
+    def spawn(self, index: int) -> SeedGenerator:
+        """Return the generator of child ``index`` (a rank, then a worker)."""
+        return SeedGenerator(self.seed, self.epoch, (*self.path, index))
+
+    def shared_seed(self, stage: int) -> int:
+        """Seed for random stage ``stage`` before ``sharding_filter``: equal on all readers."""
+        return _draw([self.seed, self.epoch, stage, 0])
+
+    def reader_seed(self, stage: int) -> int:
+        """Seed for random stage ``stage`` after ``sharding_filter``: distinct per reader."""
+        return _draw([self.seed, self.epoch, stage, 1, *self.path])
+
+    def torch_seed(self) -> int:
+        """Seed for the ``torch.Generator`` handed to worker processes (their global RNGs)."""
+        return _draw([self.seed, self.epoch, 2**32 - 1, *self.path])
+
+
+def _draw(entropy: list[int]) -> int:
+    words = np.random.SeedSequence([v & _MASK63 for v in entropy]).generate_state(2, np.uint32)
+    return (int(words[0]) << 31 | int(words[1])) & _MASK63
+
+
+def _walk(graph: DataPipeGraph) -> Iterator[tuple[Any, bool]]:
+    # graph maps id -> (datapipe, subgraph of its sources). A stage is "after sharding" when a
+    # sharding stage lies between it and the sources, i.e. somewhere in its own subgraph.
+    for _, (dp, sources) in graph.items():
+        below = _has_sharding(sources)
+        yield dp, below
+        yield from _walk(sources)
+
+
+def _has_sharding(graph: DataPipeGraph) -> bool:
+    return any(
+        isinstance(dp, _ShardingIterDataPipe) or _has_sharding(sources)
+        for dp, sources in graph.values()
+    )
+
+
+def random_stages(datapipe: IterDataPipe[Any]) -> list[tuple[Any, bool]]:
+    """Return ``(stage, after_sharding)`` for every stage with ``set_seed``, in a stable order.
+
+    A stage reachable along several paths (after ``fork``) is listed once.
+    """
+    seen: set[int] = set()
+    out = []
+    for dp, after in _walk(traverse_dps(datapipe)):
+        if id(dp) in seen or not callable(getattr(dp, "set_seed", None)):
+            continue
+        seen.add(id(dp))
+        out.append((dp, after))
+    return out
+
+
+def seed_graph(datapipe: IterDataPipe[Any], generator: SeedGenerator) -> IterDataPipe[Any]:
+    """Seed every random stage of ``datapipe`` for one epoch on one reader; return it."""
+    for stage, (dp, after) in enumerate(random_stages(datapipe)):
+        dp.set_seed(generator.reader_seed(stage) if after else generator.shared_seed(stage))
+    return datapipe
