@@ -90,7 +90,7 @@ def _rank_main(rank: int, world: int, store: str, out: str, args: argparse.Names
 
 def run(args: argparse.Namespace) -> int:
     """Write the dataset, stream it, print what each rank saw."""
-    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import start_processes
 
     from shardpipes.synthetic import write_synthetic
 
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         if args.world == 1:
             _rank_main(0, 1, store, out, args, pattern)
         else:
-            mp.start_processes(
+            start_processes(  # type: ignore[no-untyped-call]
                 _rank_main, args=(args.world, store, out, args, pattern), nprocs=args.world, start_method="spawn"
             )
         results = []

@@ -33,7 +33,8 @@ class EpochSlot:
     """A shared-memory record of the current epoch's seed generator, read by the workers."""
 
     def __init__(self) -> None:
-        self.tensor = torch.zeros(3 + _MAX_PATH, dtype=torch.int64).share_memory_()
+        self.tensor = torch.zeros(3 + _MAX_PATH, dtype=torch.int64)
+        self.tensor.share_memory_()  # type: ignore[no-untyped-call]
 
     def write(self, gen: SeedGenerator) -> None:
         """Publish ``gen`` (called in the main process before each epoch)."""
@@ -67,12 +68,12 @@ class WorkerDataset(IterableDataset[Any]):
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if not self._sharded:
             # Under 'fork' the graph object is shared copy-on-write; shard a private copy.
-            self.datapipe = apply_sharding(
-                copy.deepcopy(self.datapipe),
-                num_workers,
-                worker,
-                SHARDING_PRIORITIES.MULTIPROCESSING,
+            sharded = apply_sharding(
+                copy.deepcopy(self.datapipe), num_workers, worker, SHARDING_PRIORITIES.MULTIPROCESSING
             )
+            if not isinstance(sharded, IterDataPipe):
+                raise TypeError(f"expected an IterDataPipe graph, got {type(sharded).__name__}")
+            self.datapipe = sharded
             if self.user_init is not None:
                 self.datapipe = self.user_init(self.datapipe, worker)
             self._sharded = True
@@ -93,4 +94,5 @@ class WorkerPoolIterDataPipe(StageIterDataPipe[Any]):
         self.service = service
 
     def __iter__(self) -> Iterator[Any]:
-        return self.service._iterate_pool()
+        pool: Iterator[Any] = self.service._iterate_pool()
+        return pool

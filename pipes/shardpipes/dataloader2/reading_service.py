@@ -214,6 +214,8 @@ class MultiProcessingReadingService(ReadingServiceInterface):
             return self._construct(StatefulDataLoader, generator)
 
     def _construct(self, loader_cls: Any, generator: torch.Generator) -> Any:
+        if self._core is None or self._slot is None:
+            raise RuntimeError("initialize() was not called")
         return loader_cls(
             WorkerDataset(self._core, self._slot, self.worker_init_fn),
             batch_size=None,

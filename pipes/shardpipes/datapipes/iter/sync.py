@@ -109,7 +109,7 @@ class FullSyncIterDataPipe(StageIterDataPipe[T]):
         return self
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(super().__getstate__())
+        state = dict(super().__getstate__())  # type: ignore[no-untyped-call]
         state["_group"] = None  # process groups do not pickle
         return state
 
