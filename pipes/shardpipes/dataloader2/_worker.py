@@ -1,6 +1,6 @@
 """What runs inside worker processes, and the stage that reads from the pool.
 
-The pool is torchdata's ``StatefulDataLoader`` (see docs/concepts.md, "Why StatefulDataLoader"):
+The pool is torchdata's ``StatefulDataLoader`` (docs/worker-pool.md says why):
 it owns process start-up, prefetching, in-order round-robin across workers, worker-death
 detection, pinning and per-worker state. We give it a plain ``IterableDataset`` (not an
 ``IterDataPipe``, so torch applies none of its own DataPipe sharding or seeding) that applies
