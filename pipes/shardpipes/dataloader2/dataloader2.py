@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import warnings
 from collections.abc import Generator, Iterator
 from typing import Any, Generic, TypeVar
@@ -14,6 +15,7 @@ from shardpipes.dataloader2.seeding import SeedGenerator
 from shardpipes.dataloader2.reading_service import (
     DistributedReadingService,
     InProcessReadingService,
+    MultiProcessingReadingService,
     ReadingServiceInterface,
     SequentialReadingService,
 )
@@ -23,11 +25,37 @@ __all__ = ["DataLoader2"]
 
 T = TypeVar("T")
 
+STATE_FORMAT = "shardpipes-loader-state"
+STATE_VERSION = 1
+_STATE_KEYS = ("format", "version", "seed", "epoch", "consumed", "world_size", "num_workers")
+
+
+def _services(rs: ReadingServiceInterface) -> list[ReadingServiceInterface]:
+    if isinstance(rs, SequentialReadingService):
+        return [s for r in rs.reading_services for s in _services(r)]
+    return [rs]
+
 
 def _uses(rs: ReadingServiceInterface, kind: type) -> bool:
-    if isinstance(rs, kind):
-        return True
-    return isinstance(rs, SequentialReadingService) and any(_uses(r, kind) for r in rs.reading_services)
+    return any(isinstance(s, kind) for s in _services(rs))
+
+
+def _carries_across_epochs(datapipe: IterDataPipe[Any]) -> bool:
+    from torch.utils.data.graph import traverse_dps
+    from torch.utils.data.graph_settings import get_all_graph_pipes
+
+    from shardpipes.datapipes.iter.length import FixedLengthIterDataPipe
+
+    return any(isinstance(dp, FixedLengthIterDataPipe) for dp in get_all_graph_pipes(traverse_dps(datapipe)))
+
+
+def _topology(rs: ReadingServiceInterface) -> tuple[int, int]:
+    """Return (world size, workers per rank) that ``rs`` runs with."""
+    world = 1
+    if _uses(rs, DistributedReadingService) and dist.is_available() and dist.is_initialized():
+        world = dist.get_world_size()
+    workers = max((s.num_workers for s in _services(rs) if isinstance(s, MultiProcessingReadingService)), default=0)
+    return world, workers
 
 
 class DataLoader2(Generic[T]):
@@ -72,6 +100,10 @@ class DataLoader2(Generic[T]):
         self._graph: IterDataPipe[T] | None = None
         self._active: Generator[T, None, None] | None = None
         self._closed = False
+        # Progress of the current epoch, for state_dict(): which epoch, how many items yielded.
+        self._current: SeedGenerator | None = None
+        self._consumed = 0
+        self._skip = 0  # items to replay silently at the start of the next epoch (after a restore)
         if (
             dist.is_available()
             and dist.is_initialized()
@@ -102,15 +134,87 @@ class DataLoader2(Generic[T]):
             self._graph = self.reading_service.initialize(copy.deepcopy(self.datapipe))
         generator = SeedGenerator(self._seed, self._epoch)
         self._epoch += 1
-        self._active = self._run(self._graph, generator)
+        skip, self._skip = self._skip, 0
+        self._active = self._run(self._graph, generator, skip)
         return self._active
 
-    def _run(self, graph: IterDataPipe[T], generator: SeedGenerator) -> Generator[T, None, None]:
+    def _run(self, graph: IterDataPipe[T], generator: SeedGenerator, skip: int) -> Generator[T, None, None]:
+        self._current, self._consumed = generator, skip
         self.reading_service.initialize_iteration(generator)
         try:
-            yield from graph
+            it = iter(graph)
+            if skip:
+                # Replay: the epoch is deterministic, so the items after the first `skip` are
+                # exactly those the interrupted run would have yielded next.
+                if sum(1 for _ in itertools.islice(it, skip)) < skip:
+                    raise ValueError(
+                        f"the restored state says {skip} items of epoch {generator.epoch} were "
+                        "consumed, but this epoch has fewer: is it the same graph and data?"
+                    )
+            for item in it:
+                self._consumed += 1
+                yield item
+            self._current = None  # the epoch is complete
         finally:
             self.reading_service.finalize_iteration()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the loader's position: a small dict to save beside the model checkpoint.
+
+        Taken between two batches of an epoch, a new ``DataLoader2`` over the same graph,
+        reading service and data, after :meth:`load_state_dict`, yields exactly the batches
+        this one would have yielded next. Taken between epochs, it starts the next epoch.
+
+        Without a shard index the restore replays the epoch up to the saved position (the
+        cost of reading the batches already consumed, without training on them).
+        """
+        world, workers = _topology(self.reading_service)
+        if self._current is not None and self._active is not None:
+            epoch, consumed = self._current.epoch, self._consumed
+        else:
+            epoch, consumed = self._epoch, 0
+        return {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "seed": self._seed,
+            "epoch": epoch,
+            "consumed": consumed,
+            "world_size": world,
+            "num_workers": workers,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (from :meth:`state_dict`) at the next ``iter()``.
+
+        Raises:
+            KeyError: A key of the state is missing.
+            ValueError: The state is from another format or version, or was saved with
+                another number of ranks or workers.
+        """
+        missing = [k for k in _STATE_KEYS if k not in state]
+        if missing:
+            raise KeyError(f"loader state is missing {', '.join(missing)}")
+        if state["format"] != STATE_FORMAT or state["version"] != STATE_VERSION:
+            raise ValueError(
+                f"loader state is {state['format']!r} version {state['version']}; this shardpipes "
+                f"reads {STATE_FORMAT!r} version {STATE_VERSION}"
+            )
+        world, workers = _topology(self.reading_service)
+        if (state["world_size"], state["num_workers"]) != (world, workers):
+            raise ValueError(
+                f"loader state was saved with {state['world_size']} rank(s) x "
+                f"{state['num_workers']} worker(s), this loader runs {world} x {workers}; resuming "
+                "with another number of ranks or workers needs a shard index"
+            )
+        if int(state["epoch"]) > 0 and _carries_across_epochs(self.datapipe):
+            raise ValueError(
+                "this graph has fixed_length(), whose position carries over from one epoch to the "
+                "next; exact resume after the first epoch is not supported for it yet"
+            )
+        if self._active is not None:
+            self._active.close()
+            self._active = None
+        self._seed, self._epoch, self._skip = int(state["seed"]), int(state["epoch"]), int(state["consumed"])
 
     def shutdown(self) -> None:
         """End the current epoch, stop workers and release process groups. Idempotent."""

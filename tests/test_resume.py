@@ -1,0 +1,116 @@
+"""Exact resume from DataLoader2.state_dict() (no shard index: deterministic replay)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from _dist import run_ranks
+from shardpipes.dataloader2 import (
+    DataLoader2,
+    DistributedReadingService,
+    MultiProcessingReadingService,
+    SequentialReadingService,
+)
+from shardpipes.datapipes.iter import IterableWrapper
+from shardpipes.synthetic import write_synthetic
+
+
+def sample_id(sample):
+    return sample[".json"]["id"]
+
+
+def graph(pattern):
+    return (
+        IterableWrapper([pattern])
+        .shard_expand()
+        .shuffle()
+        .sharding_filter()
+        .open_files_by_fsspec()
+        .load_from_tar()
+        .webdataset()
+        .decode()
+        .map(sample_id)
+        .shuffle(buffer_size=16)
+        .batch(4)
+    )
+
+
+def uninterrupted(dp, rs, epochs=2, seed=3):
+    """All batches of `epochs` epochs, with the state taken after each batch and each epoch."""
+    batches, states = [], []
+    with DataLoader2(dp, reading_service=rs) as dl:
+        dl.seed(seed)
+        states.append(dl.state_dict())
+        for _ in range(epochs):
+            for b in dl:
+                batches.append(list(b))
+                states.append(dl.state_dict())
+            states[-1] = dl.state_dict()  # after the epoch ends: the next epoch's start
+    return batches, states
+
+
+def resumed(dp, rs, state, n):
+    out = []
+    with DataLoader2(dp, reading_service=rs) as dl:
+        dl.load_state_dict(pickle.loads(pickle.dumps(state)))
+        while len(out) < n:
+            got = [list(b) for b in dl]
+            if not got:
+                break
+            out.extend(got)
+    return out[:n]
+
+
+@pytest.mark.parametrize("workers", [0, 2], ids=["in-process", "2-workers"])
+def test_resume_continues_batch_for_batch(shard_pattern, workers):
+    make_rs = lambda: MultiProcessingReadingService(num_workers=workers)  # noqa: E731
+    batches, states = uninterrupted(graph(shard_pattern), make_rs())
+    per_epoch = len(batches) // 2
+    # start, middle, last batch of epoch 0, epoch boundary, middle of epoch 1
+    for k in (0, per_epoch // 2, per_epoch - 1, per_epoch, per_epoch + per_epoch // 3):
+        rest = batches[k:]
+        got = resumed(graph(shard_pattern), make_rs(), states[k], len(rest))
+        assert got == rest, f"resume after {k} batches diverged"
+
+
+def test_state_is_small_and_strict(shard_pattern):
+    _, states = uninterrupted(graph(shard_pattern), MultiProcessingReadingService(num_workers=0), epochs=1)
+    assert len(pickle.dumps(states[5])) < 512
+    dl = DataLoader2(graph(shard_pattern))
+    bad = dict(states[5])
+    del bad["consumed"]
+    with pytest.raises(KeyError, match="consumed"):
+        dl.load_state_dict(bad)
+    with pytest.raises(ValueError, match=r"saved with 1 rank\(s\) x 0 worker\(s\), this loader runs 1 x 2"):
+        DataLoader2(graph(shard_pattern), reading_service=MultiProcessingReadingService(num_workers=2)).load_state_dict(states[5])
+    with pytest.raises(ValueError, match="version"):
+        dl.load_state_dict({**states[5], "version": 99})
+
+
+def test_fixed_length_resume_after_first_epoch_is_refused():
+    dp = IterableWrapper(range(10)).fixed_length(4)
+    with DataLoader2(dp) as dl:
+        list(dl)
+        state = dl.state_dict()
+    with pytest.raises(ValueError, match="fixed_length"):
+        DataLoader2(dp).load_state_dict(state)
+
+
+def rank_resume(rank, world, pattern, k):
+    def rs():
+        return SequentialReadingService(
+            DistributedReadingService(timeout=60), MultiProcessingReadingService(num_workers=2, multiprocessing_context="fork")
+        )
+
+    batches, states = uninterrupted(graph(pattern), rs(), epochs=1)
+    return batches[k:], resumed(graph(pattern), rs(), states[k], len(batches) - k)
+
+
+@pytest.mark.distributed
+def test_distributed_resume_mid_epoch(tmp_path):
+    write_synthetic(tmp_path, shards=5, samples=[7, 11, 13, 17, 19], payload_bytes=16)
+    pattern = f"{tmp_path}/train-{{000000..000004}}.tar"
+    for expected, got in run_ranks(rank_resume, 2, pattern, 3):
+        assert expected and got == expected
