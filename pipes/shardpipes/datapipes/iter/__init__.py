@@ -36,6 +36,7 @@ from shardpipes.datapipes.iter.length import CyclerIterDataPipe as Cycler
 from shardpipes.datapipes.iter.length import FixedLengthIterDataPipe as FixedLength
 from shardpipes.datapipes.iter.length import HeaderIterDataPipe as Header
 from shardpipes.datapipes.iter.length import LengthSetterIterDataPipe as LengthSetter
+from shardpipes.datapipes.iter.nodes import NodesAdapterIterDataPipe as NodesAdapter
 from shardpipes.datapipes.iter.prefetch import PinMemoryIterDataPipe as PinMemory
 from shardpipes.datapipes.iter.prefetch import PrefetcherIterDataPipe as Prefetcher
 from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe as FullSync
@@ -66,6 +67,7 @@ __all__ = [
     "LengthSetter",
     "Mapper",
     "Multiplexer",
+    "NodesAdapter",
     "OnDiskCacheHolder",
     "PinMemory",
     "Prefetcher",

@@ -1,0 +1,174 @@
+"""Interoperation with ``torchdata.nodes`` (torchdata >= 0.10).
+
+- :func:`as_node` wraps a shardpipes graph as a ``torchdata.nodes.BaseNode``, so
+  ``torchdata.nodes.Loader`` (and anything built on nodes) can drive it, with the same
+  sharding, seeding and equal-length guarantees as ``DataLoader2``, and exact checkpoints.
+- ``.through_nodes(build)`` (:class:`~shardpipes.datapipes.iter.nodes.NodesAdapterIterDataPipe`)
+  runs a piece of a graph through nodes, e.g. a ``ParallelMapper`` decoding images in threads.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch.distributed as dist
+from torch.utils.data import IterDataPipe
+from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
+from torch.utils.data.graph_settings import apply_sharding
+from torchdata.nodes import BaseNode
+
+from shardpipes.dataloader2.seeding import SeedGenerator, seed_graph
+from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe
+
+__all__ = ["DataPipeNode", "World", "as_node"]
+
+
+@dataclass(frozen=True)
+class World:
+    """Which reader this process is: ``rank`` of ``world_size``, ``worker`` of ``num_workers``."""
+
+    rank: int = 0
+    world_size: int = 1
+    worker: int = 0
+    num_workers: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank({self.rank}) should be in [0, world_size({self.world_size}))")
+        if not 0 <= self.worker < self.num_workers:
+            raise ValueError(f"worker({self.worker}) should be in [0, num_workers({self.num_workers}))")
+
+    @classmethod
+    def detect(cls) -> World:
+        """Rank and world size from the default ``torch.distributed`` group, if initialised."""
+        if dist.is_available() and dist.is_initialized():
+            return cls(rank=dist.get_rank(), world_size=dist.get_world_size())
+        return cls()
+
+    def seed_generator(self, seed: int, epoch: int) -> SeedGenerator:
+        """The generator ``DataLoader2`` would use for this reader (same path: rank, worker)."""
+        gen = SeedGenerator(seed, epoch)
+        if self.world_size > 1:
+            gen = gen.spawn(self.rank)
+        if self.num_workers > 1:
+            gen = gen.spawn(self.worker)
+        return gen
+
+
+class DataPipeNode(BaseNode[Any]):
+    """A shardpipes graph as a ``torchdata.nodes.BaseNode``; build it with :func:`as_node`.
+
+    Every ``reset()`` without a state starts a new epoch (with a new order); its state is
+    ``{"seed", "epoch", "consumed"}``, restored by replaying the deterministic epoch.
+    """
+
+    SEED_KEY, EPOCH_KEY, CONSUMED_KEY = "seed", "epoch", "consumed"
+
+    def __init__(self, datapipe: IterDataPipe[Any], world: World, seed: int) -> None:
+        super().__init__()
+        self.datapipe = datapipe
+        self.world = world
+        self.seed = seed
+        self._next_epoch = 0
+        self._epoch = 0
+        self._consumed = 0
+        self._it: Iterator[Any] | None = None
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        """Start the next epoch, or continue from ``initial_state``."""
+        super().reset(initial_state)
+        skip = 0
+        if initial_state is not None:
+            missing = {self.SEED_KEY, self.EPOCH_KEY, self.CONSUMED_KEY} - initial_state.keys()
+            if missing:
+                raise KeyError(f"node state is missing {', '.join(sorted(missing))}")
+            if initial_state[self.SEED_KEY] != self.seed:
+                raise ValueError(
+                    f"node state has seed {initial_state[self.SEED_KEY]}, this node has seed {self.seed}"
+                )
+            self._next_epoch = int(initial_state[self.EPOCH_KEY])
+            skip = int(initial_state[self.CONSUMED_KEY])
+        self._epoch = self._next_epoch
+        self._next_epoch += 1
+        seed_graph(self.datapipe, self.world.seed_generator(self.seed, self._epoch))
+        self._it = iter(self.datapipe)
+        self._consumed = 0
+        for _ in itertools.islice(self._it, skip):
+            self._consumed += 1
+        if self._consumed < skip:
+            raise ValueError(f"node state says {skip} items were consumed, but epoch {self._epoch} has fewer")
+
+    def next(self) -> Any:
+        """Return the next item of the epoch."""
+        if self._it is None:
+            raise RuntimeError("reset() was not called")
+        item = next(self._it)
+        self._consumed += 1
+        return item
+
+    def get_state(self) -> dict[str, Any]:
+        """Return ``{"seed", "epoch", "consumed"}``."""
+        return {self.SEED_KEY: self.seed, self.EPOCH_KEY: self._epoch, self.CONSUMED_KEY: self._consumed}
+
+
+def as_node(
+    datapipe: IterDataPipe[Any],
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    worker: int = 0,
+    num_workers: int = 1,
+    seed: int = 0,
+    equal_length: Literal["stop", "pad"] | None = "stop",
+    timeout: float = 1800,
+) -> DataPipeNode:
+    """Wrap a shardpipes graph as a ``torchdata.nodes.BaseNode``.
+
+    The graph is copied, its ``sharding_filter`` applied for this reader (distributed
+    priority with ``rank``/``world_size``, multiprocessing priority with
+    ``worker``/``num_workers``), random stages seeded per epoch exactly as ``DataLoader2``
+    seeds them, and, on several ranks, ``fullsync`` added so every rank yields the same
+    number of items.
+
+    Args:
+        datapipe: The graph.
+        rank: This process's rank. Default: from ``torch.distributed``, else 0.
+        world_size: Number of ranks. Default: from ``torch.distributed``, else 1.
+        worker: This reader's index among ``num_workers`` on the rank. Default: ``0``.
+        num_workers: Readers per rank sharing the graph. Default: ``1``.
+        seed: The loader seed. Default: ``0``.
+        equal_length: ``"stop"`` (default), ``"pad"``, or ``None`` to skip the synchronisation.
+        timeout: Seconds to wait for other ranks when synchronising. Default: ``1800``.
+
+    Returns:
+        DataPipeNode: A node for ``torchdata.nodes.Loader`` or other nodes.
+
+    Example:
+        >>> from torchdata.nodes import Loader
+        >>> from shardpipes.datapipes.iter import IterableWrapper
+        >>> from shardpipes.nodes import as_node
+        >>> loader = Loader(as_node(IterableWrapper(range(6)).shuffle().batch(3), seed=1))
+        >>> sorted(x for batch in loader for x in batch)
+        [0, 1, 2, 3, 4, 5]
+    """
+    detected = World.detect()
+    world = World(
+        rank=detected.rank if rank is None else rank,
+        world_size=detected.world_size if world_size is None else world_size,
+        worker=worker,
+        num_workers=num_workers,
+    )
+    graph = copy.deepcopy(datapipe)
+    if world.world_size > 1:
+        graph = apply_sharding(graph, world.world_size, world.rank, SHARDING_PRIORITIES.DISTRIBUTED)
+    if world.num_workers > 1:
+        graph = apply_sharding(graph, world.num_workers, world.worker, SHARDING_PRIORITIES.MULTIPROCESSING)
+    if equal_length is not None and world.world_size > 1 and not isinstance(graph, FullSyncIterDataPipe):
+        graph = FullSyncIterDataPipe(graph, timeout, policy=equal_length)  # type: ignore[arg-type]
+    if not isinstance(graph, IterDataPipe):
+        raise TypeError(f"as_node needs an IterDataPipe graph, got {type(graph).__name__}")
+    return DataPipeNode(graph, world, seed)
