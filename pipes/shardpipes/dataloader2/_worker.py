@@ -20,6 +20,7 @@ from torch.utils.data import IterableDataset, IterDataPipe, get_worker_info
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torch.utils.data.graph_settings import apply_sharding
 
+from shardpipes.dataloader2._stats import graph_skips, skips_to_dict
 from shardpipes.dataloader2.seeding import SeedGenerator, seed_graph
 from shardpipes.datapipes.iter._base import StageIterDataPipe
 
@@ -80,6 +81,15 @@ class WorkerDataset(IterableDataset[Any]):
         gen = self.slot.read().spawn(worker)
         seed_graph(self.datapipe, gen)
         return iter(self.datapipe)
+
+    # StatefulDataLoader snapshots this with the items a worker produces: it is how the skip
+    # counters of the worker's copy of the graph reach the main process.
+    def state_dict(self) -> dict[str, Any]:
+        """Return this worker's skip counters."""
+        return {"skipped": skips_to_dict(graph_skips(self.datapipe))}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing to restore: the loader resumes by replay, not from worker snapshots."""
 
 
 class WorkerPoolIterDataPipe(StageIterDataPipe[Any]):

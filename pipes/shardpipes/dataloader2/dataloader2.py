@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import logging
 import warnings
 from collections.abc import Generator, Iterator
 from typing import Any, Generic, TypeVar
@@ -19,11 +20,15 @@ from shardpipes.dataloader2.reading_service import (
     ReadingServiceInterface,
     SequentialReadingService,
 )
+from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe
 from shardpipes.errors import ShardingWarning
+from shardpipes.handlers import SkipStats
 
 __all__ = ["DataLoader2"]
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 STATE_FORMAT = "shardpipes-loader-state"
 STATE_VERSION = 1
@@ -155,8 +160,42 @@ class DataLoader2(Generic[T]):
                 self._consumed += 1
                 yield item
             self._current = None  # the epoch is complete
+            self._log_epoch(generator.epoch)
         finally:
             self.reading_service.finalize_iteration()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of this rank so far: items yielded this epoch, what was skipped, fullsync.
+
+        ``skipped_samples``/``skipped_shards`` count what stages with a non-raising
+        ``handler`` dropped (in all worker processes), with up to 20 ``skipped_examples``
+        as ``(url, reason)``; ``sync`` is the last epoch's ``fullsync`` figures on this rank
+        (items yielded, own, dropped, collectives), when the graph has one.
+        """
+        skipped = self.reading_service.skipped() or SkipStats()
+        out: dict[str, Any] = {
+            "epoch": self._current.epoch if self._current is not None else self._epoch - 1,
+            "yielded": self._consumed,
+            "skipped_samples": skipped.samples,
+            "skipped_shards": skipped.shards,
+            "skipped_examples": list(skipped.examples),
+        }
+        if isinstance(self._graph, FullSyncIterDataPipe):
+            out["sync"] = self._graph.stats.as_dict()
+        return out
+
+    def _log_epoch(self, epoch: int) -> None:
+        stats = self.stats()
+        skipped = stats["skipped_samples"] + stats["skipped_shards"]
+        log = logger.warning if skipped else logger.info
+        log(
+            "epoch %d: %d items; skipped so far: %d samples, %d shards%s",
+            epoch,
+            stats["yielded"],
+            stats["skipped_samples"],
+            stats["skipped_shards"],
+            f" (first: {stats['skipped_examples'][0][0]}: {stats['skipped_examples'][0][1]})" if skipped else "",
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """Return the loader's position: a small dict to save beside the model checkpoint.

@@ -27,11 +27,13 @@ from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, _Shard
 from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import apply_sharding, get_all_graph_pipes
 
+from shardpipes.dataloader2._stats import graph_skips, merge_skips, skips_from_dict
 from shardpipes.dataloader2._worker import EpochSlot, WorkerDataset, WorkerPoolIterDataPipe
 from shardpipes.dataloader2.seeding import SeedGenerator, seed_graph
 from shardpipes.datapipes.iter.prefetch import PinMemoryIterDataPipe, PrefetcherIterDataPipe
 from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe, Policy
 from shardpipes.errors import ShardingWarning, WorkerError
+from shardpipes.handlers import SkipStats
 
 __all__ = [
     "DistributedReadingService",
@@ -65,6 +67,10 @@ class ReadingServiceInterface(ABC):
     def finalize(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Release everything (processes, process groups); called by ``DataLoader2.shutdown``."""
 
+    def skipped(self) -> SkipStats | None:
+        """What the stages this service runs have skipped so far; ``None`` if it runs none."""
+        return None
+
 
 def _has_sharding(datapipe: IterDataPipe[Any]) -> bool:
     return any(isinstance(dp, _ShardingIterDataPipe) for dp in get_all_graph_pipes(traverse_dps(datapipe)))
@@ -92,6 +98,10 @@ class InProcessReadingService(ReadingServiceInterface):
         """Seed the graph for this epoch."""
         seed_graph(self._datapipe, seed_generator)
         return seed_generator
+
+    def skipped(self) -> SkipStats:
+        """Skip counters of the graph's stages."""
+        return graph_skips(self._datapipe)
 
 
 def _split_tail(datapipe: IterDataPipe[Any]) -> tuple[list[Any], IterDataPipe[Any]]:
@@ -259,6 +269,21 @@ class MultiProcessingReadingService(ReadingServiceInterface):
             exc.add_note(f"(in the data loader of {where})")
         return exc
 
+    def skipped(self) -> SkipStats | None:
+        """Skip counters of the stages, summed over the workers (as of their latest batch)."""
+        if self._core is None:
+            return None
+        if self.num_workers == 0:
+            return graph_skips(self._core)
+        if self._loader is None:
+            return SkipStats()
+        snapshots = self._loader.state_dict().get("_snapshot", {}).get("_worker_snapshots", {})
+        return merge_skips(
+            skips_from_dict(snap["dataset_state"]["skipped"])
+            for snap in snapshots.values()
+            if (snap.get("dataset_state") or {}).get("skipped") is not None
+        )
+
     def finalize(self) -> None:
         """Stop the worker processes."""
         loader, self._loader = self._loader, None
@@ -388,6 +413,14 @@ class SequentialReadingService(ReadingServiceInterface):
         for rs in self.reading_services:
             seed_generator = rs.initialize_iteration(seed_generator)
         return seed_generator
+
+    def skipped(self) -> SkipStats | None:
+        """Skip counters from the innermost service that runs stages."""
+        for rs in reversed(self.reading_services):
+            found = rs.skipped()
+            if found is not None:
+                return found
+        return None
 
     def finalize_iteration(self) -> None:
         """Finalise the epoch in each service, in reverse order."""

@@ -26,6 +26,8 @@ BLOCK = 512
 _ZERO = bytes(BLOCK)
 _REGULAR = (b"0", b"\0", b"7")
 _DEFAULT_CHUNK = 1 << 20
+# Larger sizes cannot be read (``read(n)`` takes an ssize_t); only a corrupt header claims them.
+_MAX_SIZE = 1 << 62
 
 
 class TarEntry(NamedTuple):
@@ -47,17 +49,26 @@ def _padded(size: int) -> int:
 
 
 def _parse_size(field: bytes, url: str, offset: int) -> int:
-    if field[0] & 0x80:  # base-256 (GNU) for sizes >= 8 GiB
-        return int.from_bytes(field[1:], "big")
-    digits = field.split(b"\0", 1)[0].strip()
-    try:
-        return int(digits, 8) if digits else 0
-    except ValueError:
+    if field[0] & 0x80:  # base-256 (GNU) for sizes >= 8 GiB; 0xff starts a negative number
+        size = int.from_bytes(field[1:], "big") if field[0] == 0x80 else -1
+    else:
+        digits = field.split(b"\0", 1)[0].strip()
+        try:
+            size = int(digits, 8) if digits else 0
+        except ValueError:
+            size = -1
+    return _checked_size(size, field, url, offset)
+
+
+def _checked_size(size: int, field: object, url: str, offset: int) -> int:
+    # A negative size would move the parser backwards (or not at all): never accept one.
+    if not 0 <= size < _MAX_SIZE:
         raise ShardFormatError(
-            f"{url}: corrupt tar header at byte offset {offset}: size field {field!r} is not octal",
+            f"{url}: corrupt tar header at byte offset {offset}: size {field!r} is not a valid size",
             url=url,
             offset=offset,
-        ) from None
+        )
+    return size
 
 
 def _parse_pax(data: bytes, url: str, offset: int) -> dict[str, str]:
@@ -78,6 +89,15 @@ def _parse_pax(data: bytes, url: str, offset: int) -> dict[str, str]:
         key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
         records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
         pos += length
+    size = records.get("size")
+    if size is not None:
+        if not (size.isascii() and size.isdigit()):
+            raise ShardFormatError(
+                f"{url}: corrupt pax header at byte offset {offset}: size {size!r} is not a number",
+                url=url,
+                offset=offset,
+            )
+        _checked_size(int(size), size, url, offset)
     return records
 
 
@@ -107,13 +127,18 @@ def _check_sums(
         )
 
 
-def iter_tar(stream: IO[bytes], url: str, *, chunk_size: int = _DEFAULT_CHUNK) -> Iterator[TarEntry]:
+def iter_tar(
+    stream: IO[bytes], url: str, *, chunk_size: int = _DEFAULT_CHUNK, require_end: bool = True
+) -> Iterator[TarEntry]:
     """Yield the regular files of the tar archive read from ``stream``, in archive order.
 
     Args:
         stream: A binary file object, read sequentially with ``read(n)``.
         url: Named in every error.
         chunk_size: How many bytes to read at a time. Default: ``1 MiB``.
+        require_end: Treat a stream that ends on a member boundary without the end-of-archive
+            blocks as truncated (a file cut at a multiple of 512 bytes would otherwise lose its
+            tail silently). ``False`` reads a byte range of an archive. Default: ``True``.
 
     Raises:
         ShardFormatError: Empty file, truncated member, corrupt header; the message names
@@ -142,6 +167,9 @@ def iter_tar(stream: IO[bytes], url: str, *, chunk_size: int = _DEFAULT_CHUNK) -
             data_end = pos + BLOCK + size
             if data_end > len(buf):
                 need = data_end - pos
+                # Verify this header before reading its data: a corrupt size field must be
+                # reported as such, not make us read (and hold) up to 8 GiB first.
+                _check_sums(buf, [*headers, pos], [*stored, _stored_sum(hdr)], base, url)
                 break
             headers.append(pos)
             stored.append(_stored_sum(hdr))
@@ -178,11 +206,14 @@ def iter_tar(stream: IO[bytes], url: str, *, chunk_size: int = _DEFAULT_CHUNK) -
         # Refill: keep the unparsed tail, read at least what the next member needs.
         if pos > len(buf):  # the last member's padding is not in buf yet
             skip = pos - len(buf)
-            skipped = read(skip)
-            base += len(buf) + len(skipped)
+            base += len(buf)
             buf, pos = b"", 0
-            if len(skipped) < skip:
-                _truncated(url, base, "in the padding after the last member")
+            while skip:  # read() may return fewer bytes than asked before the end (sockets)
+                skipped = read(skip)
+                if not skipped:
+                    _truncated(url, base, "in the padding after the last member")
+                base += len(skipped)
+                skip -= len(skipped)
         more = read(max(chunk_size, need - (len(buf) - pos)))
         if not more:
             if len(buf) == pos:
@@ -190,12 +221,16 @@ def iter_tar(stream: IO[bytes], url: str, *, chunk_size: int = _DEFAULT_CHUNK) -
                     raise ShardFormatError(
                         f"{url}: empty file (0 bytes) is not a tar archive", url=url, offset=0
                     )
-                return  # EOF on a header boundary without the end-of-archive blocks
+                if require_end:
+                    _truncated(url, base + pos, "no end-of-archive marker after the last member")
+                return  # a byte range of an archive ends on a member boundary
             if len(buf) - pos < BLOCK:
                 _truncated(url, base + pos, "inside a header")
             hdr = buf[pos : pos + BLOCK]
             _check_sums(buf, [pos], [_stored_sum(hdr)], base, url)
-            name = hdr[0:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            name = long_name or pax.get("path") or hdr[0:100].split(b"\0", 1)[0].decode(
+                "utf-8", "surrogateescape"
+            )
             _truncated(url, base + pos, f"inside member {name!r}")
         base += pos
         buf = buf[pos:] + more

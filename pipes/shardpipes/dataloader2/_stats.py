@@ -1,0 +1,47 @@
+"""Counting what the stages of a graph skipped, wherever they ran."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from torch.utils.data import IterDataPipe
+from torch.utils.data.graph import traverse_dps
+from torch.utils.data.graph_settings import get_all_graph_pipes
+
+from shardpipes.handlers import SkipStats
+
+__all__ = ["graph_skips", "merge_skips", "skips_from_dict", "skips_to_dict"]
+
+
+def graph_skips(datapipe: IterDataPipe[Any]) -> SkipStats:
+    """Sum the ``skipped`` counters of every stage of ``datapipe``."""
+    total = SkipStats()
+    for dp in get_all_graph_pipes(traverse_dps(datapipe)):
+        stats = getattr(dp, "skipped", None)
+        if isinstance(stats, SkipStats):
+            total.merge(stats)
+    return total
+
+
+def skips_to_dict(stats: SkipStats) -> dict[str, Any]:
+    """A plain, picklable form of ``stats`` (sent from workers with their snapshots)."""
+    return dataclasses.asdict(stats)
+
+
+def skips_from_dict(state: Mapping[str, Any]) -> SkipStats:
+    """Inverse of :func:`skips_to_dict`."""
+    return SkipStats(
+        samples=int(state["samples"]),
+        shards=int(state["shards"]),
+        examples=[tuple(e) for e in state["examples"]],  # type: ignore[misc]
+    )
+
+
+def merge_skips(parts: Iterable[SkipStats]) -> SkipStats:
+    """Add several counters together."""
+    total = SkipStats()
+    for part in parts:
+        total.merge(part)
+    return total
