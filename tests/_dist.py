@@ -44,11 +44,12 @@ def run_ranks(
     timeout: float = 240,
     start_method: str = "spawn",
     expect_errors: bool = False,
+    expect_killed: frozenset[int] = frozenset(),
 ) -> list[Any]:
     """Run ``fn(rank, world, *args)`` on ``world`` ranks; return the per-rank results.
 
     With ``expect_errors=True`` a rank's error is returned as ``("error", text)`` instead of
-    failing; hung and signalled ranks always fail.
+    failing; hung ranks always fail, and signalled ranks fail unless listed in ``expect_killed``.
     """
     ctx = mp.get_context(start_method)
     with tempfile.TemporaryDirectory(prefix="shardpipes-dist-") as tmp:
@@ -72,7 +73,10 @@ def run_ranks(
                 results.append(None)
                 continue
             if p.exitcode is not None and p.exitcode < 0:
-                signalled.append((rank, -p.exitcode))
+                if rank not in expect_killed:
+                    signalled.append((rank, -p.exitcode))
+                results.append(("killed", -p.exitcode))
+                continue
             elif p.exitcode:
                 nonzero.append((rank, p.exitcode))
             try:
