@@ -13,7 +13,7 @@ skipped; global pax headers (``g``) are ignored.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, NamedTuple
 
 import numpy as np
@@ -214,7 +214,7 @@ def iter_tar(
                     _truncated(url, base, "in the padding after the last member")
                 base += len(skipped)
                 skip -= len(skipped)
-        more = read(max(chunk_size, need - (len(buf) - pos)))
+        more = _read_upto(read, max(chunk_size, need - (len(buf) - pos)))
         if not more:
             if len(buf) == pos:
                 if base + pos == 0:
@@ -235,6 +235,27 @@ def iter_tar(
         base += pos
         buf = buf[pos:] + more
         pos = 0
+
+
+_MAX_READ = 64 << 20
+
+
+def _read_upto(read: Callable[[int], bytes], size: int) -> bytes:
+    """Read ``size`` bytes (fewer at EOF) in pieces of at most 64 MiB.
+
+    ``FileIO.read(n)`` allocates ``n`` bytes before reading; a corrupt size field can claim
+    terabytes, so a header that lies costs at most the rest of the real file.
+    """
+    if size <= _MAX_READ:
+        return read(size)
+    parts = []
+    while size > 0:
+        piece = read(min(size, _MAX_READ))
+        if not piece:
+            break
+        parts.append(piece)
+        size -= len(piece)
+    return b"".join(parts)
 
 
 def _truncated(url: str, offset: int, where: str) -> None:
