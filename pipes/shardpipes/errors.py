@@ -89,7 +89,14 @@ class SampleFormatError(ShardpipesError, ValueError):
         self.key = key
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.args[0],), {"url": self.url, "key": self.key})
+        # Rebuilt with keywords, so the error pickles from worker processes (DecodeError too).
+        return (_rebuild_sample_error, (type(self), self.args[0], self.url, self.key))
+
+
+def _rebuild_sample_error(
+    cls: type[SampleFormatError], message: str, url: str, key: str
+) -> SampleFormatError:
+    return cls(message, url=url, key=key)
 
 
 class DecodeError(SampleFormatError):
