@@ -3,6 +3,10 @@
 Every exception subclasses a builtin as well as :class:`ShardpipesError`, so callers can catch
 ``OSError`` or ``ValueError`` as they would from the standard library, and every message names
 the URL and, where there is one, the member name or byte offset.
+
+The fields (``url``, ``offset``, ``key``, ...) are keyword arguments with defaults: torch
+re-raises an exception from a worker process as ``type(exc)(message)``, and a required field
+would turn it into a plain ``RuntimeError``. The message always carries the same facts.
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ class ShardReadError(ShardpipesError, OSError):
         offset: The byte offset reached when the read failed, or ``None``.
     """
 
-    def __init__(self, message: str, *, url: str, offset: int | None = None, err: int = errno.EIO):
+    def __init__(
+        self, message: str, *, url: str = "", offset: int | None = None, err: int = errno.EIO
+    ) -> None:
         super().__init__(err, message)
         self.url = url
         self.offset = offset
@@ -59,7 +65,9 @@ class ShardFormatError(ShardpipesError, ValueError):
         member: Name of the member involved, when known.
     """
 
-    def __init__(self, message: str, *, url: str, offset: int, member: str | None = None):
+    def __init__(
+        self, message: str, *, url: str = "", offset: int | None = None, member: str | None = None
+    ) -> None:
         super().__init__(message)
         self.url = url
         self.offset = offset
@@ -70,7 +78,7 @@ class ShardFormatError(ShardpipesError, ValueError):
 
 
 def _rebuild_format_error(
-    message: str, url: str, offset: int, member: str | None
+    message: str, url: str, offset: int | None, member: str | None
 ) -> ShardFormatError:
     return ShardFormatError(message, url=url, offset=offset, member=member)
 
@@ -83,7 +91,7 @@ class SampleFormatError(ShardpipesError, ValueError):
         key: The sample key involved.
     """
 
-    def __init__(self, message: str, *, url: str, key: str):
+    def __init__(self, message: str, *, url: str = "", key: str = "") -> None:
         super().__init__(message)
         self.url = url
         self.key = key

@@ -1,0 +1,113 @@
+"""``shardpipes index``: scan shards and write their sample index next to them.
+
+Also holds the helpers the other subcommands share: :func:`shard_urls` and
+:func:`format_bytes`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["add_parser", "format_bytes", "run", "shard_urls"]
+
+_GLOB_CHARS = frozenset("*?[")
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``index``."""
+    p = sub.add_parser(
+        "index",
+        help="scan shards and write their sample index (a sidecar JSON)",
+        description="Scans the shards (streaming, several at a time) and writes a JSON index "
+        "listing every shard's samples with their keys and byte ranges. With it the loader "
+        "knows the dataset size, splits epochs exactly by sample ranges and reads ranges with "
+        "one seek or range request. See docs/index-format.md.",
+    )
+    p.add_argument(
+        "urls",
+        nargs="+",
+        metavar="URL",
+        help="shards: paths or fsspec URLs, brace patterns (train-{000000..000099}.tar), "
+        "globs, or folders (their .tar files)",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="OUT",
+        help="index file to write; '.gz' compresses (default: <shard folder>/<name prefix>.index.json)",
+    )
+    p.add_argument("--workers", type=int, default=8, help="shards scanned at once (default: 8)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the index and save it."""
+    from shardpipes.index import build_index, default_index_url
+
+    urls = shard_urls(args.urls)
+    index = build_index(urls, workers=args.workers, progress=not args.no_progress)
+    out = args.output or default_index_url(index.urls)
+    index.save(out)
+    print(
+        f"indexed {len(index.shards)} shards: {index.num_samples} samples, "
+        f"{format_bytes(index.total_bytes)}"
+    )
+    print(f"wrote {out}")
+    return 0
+
+
+def shard_urls(patterns: Iterable[str]) -> list[str]:
+    """Expand shard patterns: braces as given, globs, folders (their ``.tar`` files); others as is.
+
+    Raises:
+        FileNotFoundError: A glob that matches nothing, or a folder without ``.tar`` files.
+        ValueError: A malformed brace pattern, or no pattern at all.
+    """
+    from shardpipes.datapipes.iter.expand import expand_braces
+    from shardpipes.datapipes.iter.fsspec import filesystem
+
+    out: list[str] = []
+    for pattern in patterns:
+        expanded = expand_braces(pattern)
+        if expanded != [pattern]:
+            out.extend(expanded)  # brace patterns name shards; no listing request per shard
+            continue
+        fs, path = filesystem(pattern, None)
+        if _GLOB_CHARS & set(path):
+            found = sorted(p for p in fs.glob(path) if not fs.isdir(p))
+            if not found:
+                raise FileNotFoundError(f"{pattern}: the glob pattern matches no file")
+        elif fs.isdir(path):
+            found = sorted(
+                e["name"]
+                for e in fs.ls(path, detail=True)
+                if e["type"] != "directory" and e["name"].endswith(".tar")
+            )
+            if not found:
+                raise FileNotFoundError(f"{pattern}: the folder holds no .tar file")
+        else:
+            out.append(pattern)
+            continue
+        out.extend(str(fs.unstrip_protocol(p)) if "://" in pattern else p for p in found)
+    if not out:
+        raise ValueError("no shard URL given")
+    return out
+
+
+def format_bytes(n: float) -> str:
+    """Format a byte count with decimal units, as ``MB/s`` is reported.
+
+    Example:
+        >>> format_bytes(999), format_bytes(1_536_000), format_bytes(2e12)
+        ('999 B', '1.5 MB', '2.0 TB')
+    """
+    if abs(n) < 1000:
+        return f"{n:.0f} B"
+    for unit in ("KB", "MB", "GB"):
+        n /= 1000
+        if abs(n) < 1000:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1000:.1f} TB"
