@@ -32,6 +32,8 @@ from shardpipes.datapipes.iter.expand import ShardExpanderIterDataPipe as ShardE
 from shardpipes.datapipes.iter.fsspec import FSSpecFileListerIterDataPipe as FSSpecFileLister
 from shardpipes.datapipes.iter.fsspec import FSSpecFileOpenerIterDataPipe as FSSpecFileOpener
 from shardpipes.datapipes.iter.fsspec import FSSpecSaverIterDataPipe as FSSpecSaver
+from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe as IndexSharder
+from shardpipes.datapipes.iter.index_sharding import ShardRange
 from shardpipes.datapipes.iter.length import CyclerIterDataPipe as Cycler
 from shardpipes.datapipes.iter.length import FixedLengthIterDataPipe as FixedLength
 from shardpipes.datapipes.iter.length import HeaderIterDataPipe as Header
@@ -63,6 +65,7 @@ __all__ = [
     "Grouper",
     "Header",
     "InBatchShuffler",
+    "IndexSharder",
     "IterableWrapper",
     "LengthSetter",
     "Mapper",
@@ -73,6 +76,7 @@ __all__ = [
     "Prefetcher",
     "Sampler",
     "ShardExpander",
+    "ShardRange",
     "ShardingFilter",
     "Shuffler",
     "StreamReader",

@@ -128,7 +128,12 @@ def _check_sums(
 
 
 def iter_tar(
-    stream: IO[bytes], url: str, *, chunk_size: int = _DEFAULT_CHUNK, require_end: bool = True
+    stream: IO[bytes],
+    url: str,
+    *,
+    chunk_size: int = _DEFAULT_CHUNK,
+    require_end: bool = True,
+    start_offset: int = 0,
 ) -> Iterator[TarEntry]:
     """Yield the regular files of the tar archive read from ``stream``, in archive order.
 
@@ -139,6 +144,8 @@ def iter_tar(
         require_end: Treat a stream that ends on a member boundary without the end-of-archive
             blocks as truncated (a file cut at a multiple of 512 bytes would otherwise lose its
             tail silently). ``False`` reads a byte range of an archive. Default: ``True``.
+        start_offset: Where ``stream`` starts in the archive (a byte range read on its own):
+            offsets in entries and errors are then those of the whole archive. Default: ``0``.
 
     Raises:
         ShardFormatError: Empty file, truncated member, corrupt header; the message names
@@ -146,7 +153,7 @@ def iter_tar(
     """
     read = stream.read
     buf = b""
-    base = 0  # file offset of buf[0]; always a multiple of 512
+    base = start_offset  # archive offset of buf[0]; always a multiple of 512
     pos = 0  # next header position in buf
     long_name: str | None = None
     pax: dict[str, str] = {}
@@ -217,7 +224,7 @@ def iter_tar(
         more = _read_upto(read, max(chunk_size, need - (len(buf) - pos)))
         if not more:
             if len(buf) == pos:
-                if base + pos == 0:
+                if base + pos == 0 and require_end:
                     raise ShardFormatError(
                         f"{url}: empty file (0 bytes) is not a tar archive", url=url, offset=0
                     )
@@ -228,8 +235,10 @@ def iter_tar(
                 _truncated(url, base + pos, "inside a header")
             hdr = buf[pos : pos + BLOCK]
             _check_sums(buf, [pos], [_stored_sum(hdr)], base, url)
-            name = long_name or pax.get("path") or hdr[0:100].split(b"\0", 1)[0].decode(
-                "utf-8", "surrogateescape"
+            name = (
+                long_name
+                or pax.get("path")
+                or hdr[0:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             )
             _truncated(url, base + pos, f"inside member {name!r}")
         base += pos

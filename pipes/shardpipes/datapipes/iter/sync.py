@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import itertools
 from collections.abc import Iterator
 from typing import Any, Literal, TypeVar
 
@@ -27,7 +28,7 @@ from torch.utils.data import IterDataPipe
 from shardpipes.datapipes.iter._base import StageIterDataPipe, register
 from shardpipes.errors import WorkerError
 
-__all__ = ["FullSyncIterDataPipe", "SyncStats"]
+__all__ = ["ExactLengthIterDataPipe", "FullSyncIterDataPipe", "SyncStats"]
 
 T = TypeVar("T")
 Policy = Literal["stop", "pad"]
@@ -180,3 +181,72 @@ class FullSyncIterDataPipe(StageIterDataPipe[T]):
                 f"rank {rank}: another rank failed while loading data; its own error says why"
             )
         return -low, high
+
+
+class ExactLengthIterDataPipe(StageIterDataPipe[T]):
+    """Yield exactly as many items as ``sharding_by_index`` promised this reader.
+
+    With an index every reader gets the same number of samples, so when nothing between the
+    sharder and the end of the graph changes counts except one ``batch()``, every rank's
+    epoch length is known before it starts and no per-chunk synchronisation is needed.
+    ``DistributedReadingService`` puts this stage at the end of such graphs in place of
+    ``fullsync``. It guards the promise: if a handler skipped samples and the source runs short,
+    it repeats this reader's own recent items (``stats.yielded - stats.own`` of them) rather
+    than let the ranks drift apart.
+
+    Args:
+        source_datapipe: The graph, with one ``sharding_by_index`` in it.
+        batch_size: The batch size of the graph's ``batch()``, or ``None`` if it has none.
+        drop_last: That ``batch()``'s ``drop_last``.
+    """
+
+    def __init__(self, source_datapipe: IterDataPipe[T], batch_size: int | None, drop_last: bool) -> None:
+        self.source_datapipe = source_datapipe
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.stats = SyncStats()
+
+    def _expected(self) -> int:
+        from torch.utils.data.graph import traverse_dps
+        from torch.utils.data.graph_settings import get_all_graph_pipes
+
+        from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
+
+        sharders = [
+            dp for dp in get_all_graph_pipes(traverse_dps(self.source_datapipe)) if isinstance(dp, IndexSharderIterDataPipe)
+        ]
+        if len(sharders) != 1 or sharders[0].per_reader is None:
+            raise RuntimeError("exact length needs exactly one sharding_by_index stage, iterated first")
+        per = sharders[0].per_reader
+        if self.batch_size is None:
+            return per
+        return per // self.batch_size if self.drop_last else -(-per // self.batch_size)
+
+    def __iter__(self) -> Iterator[T]:
+        self.stats = stats = SyncStats()
+        it = iter(self.source_datapipe)
+        recent: collections.deque[T] = collections.deque(maxlen=16)
+        try:
+            first = next(it)
+        except StopIteration:
+            pending: list[T] = []
+        else:
+            pending = [first]
+        expected = self._expected()  # known once the sharder has partitioned this epoch
+        for item in itertools.chain(pending, it):
+            if stats.yielded == expected:
+                stats.dropped += 1  # more than promised: nothing in the plan should do this
+                continue
+            recent.append(item)
+            stats.own += 1
+            stats.yielded += 1
+            yield item
+        stats.exhausted = True
+        while stats.yielded < expected:
+            if not recent:
+                raise WorkerError(
+                    "this reader's samples were all skipped; it has nothing to repeat to keep the "
+                    "ranks' epoch lengths equal"
+                )
+            stats.yielded += 1
+            yield recent[(stats.yielded - stats.own - 1) % len(recent)]

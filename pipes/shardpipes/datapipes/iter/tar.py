@@ -8,7 +8,8 @@ from typing import IO
 
 from shardpipes.datapipes.iter._base import StageIterDataPipe, register
 from shardpipes.datapipes.iter._tarparse import TarEntry, iter_tar
-from shardpipes.errors import ShardFormatError
+from shardpipes.datapipes.iter.index_sharding import ShardRange
+from shardpipes.errors import ShardFormatError, ShardReadError
 from shardpipes.handlers import HandlerLike, SkipStats, resolve_handler
 
 __all__ = ["TarArchiveLoaderIterDataPipe", "TarMember"]
@@ -46,7 +47,8 @@ class TarArchiveLoaderIterDataPipe(StageIterDataPipe[tuple[str, TarMember]]):
         mode: Kept for torchdata 0.9 compatibility; only streaming reads (``"r:*"``,
             ``"r|*"``, ``"r|"``) are supported. Default: ``"r:*"``.
         chunk_size: Bytes read at a time. Default: ``1 MiB``.
-        handler: What to do with a corrupt or truncated archive: ``"raise"`` (default),
+        handler: What to do with a corrupt or truncated archive, or a read error mid-shard
+            (:class:`~shardpipes.errors.ShardReadError`): ``"raise"`` (default),
             ``"warn_and_skip"``/``"skip"`` (drop the rest of that shard and count it),
             ``"stop"``, or a callable. See :mod:`shardpipes.handlers`.
 
@@ -55,6 +57,7 @@ class TarArchiveLoaderIterDataPipe(StageIterDataPipe[tuple[str, TarMember]]):
 
     Raises:
         ShardFormatError: Empty, truncated or corrupt archive, naming the URL and byte offset.
+        ShardReadError: Reading the stream failed (raised by the stream, naming the URL).
 
     Example:
         >>> import io, tarfile, tempfile, os
@@ -91,14 +94,27 @@ class TarArchiveLoaderIterDataPipe(StageIterDataPipe[tuple[str, TarMember]]):
     def members(self) -> Iterator[tuple[str, TarEntry]]:
         """Yield ``(url, entry)`` for every member: the lean path that ``webdataset`` uses."""
         policy = self.handler
-        for url, stream in self.source_datapipe:
+        for source_url, stream in self.source_datapipe:
+            # A ShardRange (from sharding_by_index) is a byte span of the shard: members only,
+            # no end-of-archive blocks, offsets counted from the span's start in the shard.
+            span = source_url if isinstance(source_url, ShardRange) else None
+            url = str(source_url)
             try:
-                for entry in iter_tar(stream, url, chunk_size=self.chunk_size):
+                for entry in iter_tar(
+                    stream,
+                    url,
+                    chunk_size=self.chunk_size,
+                    require_end=span is None,
+                    start_offset=span.offset if span is not None else 0,
+                ):
                     yield url, entry
-            except ShardFormatError as exc:
+            except (ShardFormatError, ShardReadError) as exc:
+                # A corrupt archive, or a read that failed past the opener's retries (a
+                # network error mid-shard): the handler decides for both, as DESIGN.md says.
                 if policy.raises:
                     raise
-                if not policy(exc, url, self.skipped):
+                # Either way the rest of this shard is dropped: count it as a shard.
+                if not policy(exc, url, self.skipped, shard=True):
                     return
             finally:
                 stream.close()

@@ -1,0 +1,175 @@
+"""Sample-level sharding with a shard index (functional name: ``sharding_by_index``).
+
+``sharding_filter`` splits whole shards between readers, so 7 shards over 6 readers leave one
+reader with twice the data and 8 readers with one idle. With the index (``shardpipes index``),
+this stage splits *samples*: the epoch's shard order (from the shared-seed shuffle before it)
+is read as one sequence of samples, cut into equal contiguous pieces, one per reader
+(``rank * num_workers + worker``). Each piece is a few ``ShardRange`` items: a shard URL plus a
+sample range and its byte span, read with one seek or one range request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Literal
+
+from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, _ShardingIterDataPipe
+
+from shardpipes.datapipes.iter._base import register
+
+__all__ = ["IndexSharderIterDataPipe", "ShardRange"]
+
+
+class ShardRange(str):
+    """A shard URL (the string itself) with a range of its samples and their byte span.
+
+    Every stage that takes URLs takes a ``ShardRange``; ``open_files_by_fsspec`` reads only
+    ``[offset, offset + size)`` of the shard, and ``load_from_tar`` parses that span.
+
+    Attributes:
+        start: First sample (index within the shard).
+        stop: One past the last sample.
+        offset: Byte offset of the first sample's first member header.
+        size: Bytes up to the end of the last sample's last member.
+    """
+
+    start: int
+    stop: int
+    offset: int
+    size: int
+
+    def __new__(cls, url: str, start: int, stop: int, offset: int, size: int) -> ShardRange:
+        obj = super().__new__(cls, url)
+        obj.start, obj.stop, obj.offset, obj.size = start, stop, offset, size
+        return obj
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ShardRange, (str(self), self.start, self.stop, self.offset, self.size))
+
+    def __repr__(self) -> str:
+        return f"ShardRange({str(self)!r}, samples [{self.start}, {self.stop}), bytes {self.offset}+{self.size})"
+
+
+@register("sharding_by_index")
+class IndexSharderIterDataPipe(_ShardingIterDataPipe):
+    """Split the samples of the incoming shards equally between readers (functional name: ``sharding_by_index``).
+
+    Write it where ``sharding_filter()`` would go, after the shard-level shuffle. Every reader
+    gets exactly the same number of samples each epoch (``policy="drop"`` leaves out fewer
+    samples than there are readers; ``"pad"`` repeats as few), for any number of shards,
+    including fewer shards than readers. Reading services apply it with rank and worker as
+    they apply ``sharding_filter``; iterated on its own it is one reader that gets everything.
+
+    Args:
+        source_datapipe: Shard URLs (all of them, in the epoch's order).
+        index: The index's URL, or a loaded ``ShardIndex``. Default: the sidecar
+            ``shardpipes index`` writes next to the shards (``default_index_url``).
+        policy: ``"drop"`` (default) or ``"pad"``.
+        storage_options: Passed to fsspec to read the index.
+
+    Yields:
+        ShardRange: This reader's sample ranges.
+
+    Raises:
+        FileNotFoundError: No index given and none next to the shards; the message says how
+            to build one.
+        KeyError: A shard URL that the index does not list.
+
+    Example:
+        >>> import tempfile
+        >>> from shardpipes.index import build_index
+        >>> from shardpipes.synthetic import write_synthetic
+        >>> from shardpipes.datapipes.iter import IterableWrapper
+        >>> paths = write_synthetic(tempfile.mkdtemp(), shards=2, samples=[3, 4])
+        >>> index = build_index(paths, progress=False)
+        >>> dp = IterableWrapper(paths).sharding_by_index(index)
+        >>> dp.apply_sharding(2, 1)
+        >>> [(r.start, r.stop) for r in dp]  # 7 samples, 2 readers: reader 1 gets samples 3..5
+        [(0, 3)]
+    """
+
+    def __init__(
+        self,
+        source_datapipe: Iterable[str],
+        index: Any = None,
+        *,
+        policy: Literal["drop", "pad"] = "drop",
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if policy not in ("drop", "pad"):
+            raise ValueError(f"policy {policy!r} is not known; must be one of 'drop', 'pad'")
+        self.source_datapipe = source_datapipe
+        self.index = index
+        self.policy = policy
+        self.storage_options = dict(storage_options or {})
+        self.groups: dict[int, tuple[int, int]] = {}
+        self.num_of_instances = 1
+        self.instance_id = 0
+        self.per_reader: int | None = None  # samples per reader in the current epoch
+        self._loaded: Any = None
+
+    def apply_sharding(
+        self, num_of_instances: int, instance_id: int, sharding_group: SHARDING_PRIORITIES = SHARDING_PRIORITIES.DEFAULT
+    ) -> None:
+        """Make this stage reader ``instance_id`` of ``num_of_instances`` for ``sharding_group``.
+
+        Groups combine mixed-radix as ``sharding_filter``'s do (distributed outer,
+        multiprocessing inner).
+        """
+        if not 0 <= instance_id < num_of_instances:
+            raise ValueError(f"instance_id({instance_id}) should be smaller than num_of_instances({num_of_instances})")
+        if sharding_group == SHARDING_PRIORITIES.DEFAULT:
+            if self.groups and SHARDING_PRIORITIES.DEFAULT not in self.groups:
+                raise RuntimeError("ShardingGroup.DEFAULT cannot be mixed with other groups")
+        elif SHARDING_PRIORITIES.DEFAULT in self.groups:
+            raise RuntimeError("ShardingGroup.DEFAULT cannot be mixed with other groups")
+        self.groups[sharding_group] = (num_of_instances, instance_id)
+        self.num_of_instances, self.instance_id = 1, 0
+        for group in sorted(self.groups, reverse=True):  # multiprocessing (inner) first
+            n, i = self.groups[group]
+            self.instance_id += self.num_of_instances * i
+            self.num_of_instances *= n
+
+    def _index(self, urls: list[str]) -> Any:
+        from shardpipes.index import ShardIndex, default_index_url, find_index
+
+        if self._loaded is not None:
+            return self._loaded
+        if isinstance(self.index, ShardIndex):
+            self._loaded = self.index
+        else:
+            url = self.index or find_index(urls, storage_options=self.storage_options)
+            if url is None:
+                raise FileNotFoundError(
+                    f"sharding_by_index found no index at {default_index_url(urls)}: build it with "
+                    f"`shardpipes index {urls[0]} ...`, or pass index=URL"
+                )
+            self._loaded = ShardIndex.load(url, storage_options=self.storage_options)
+        return self._loaded
+
+    def __iter__(self) -> Iterator[ShardRange]:
+        from shardpipes.partition import positions_to_ranges
+
+        urls = list(self.source_datapipe)
+        if not urls:
+            self.per_reader = 0
+            return
+        index = self._index(urls)
+        shards = [index.shards[index.lookup(u)] for u in urls]
+        counts = [s.num_samples for s in shards]
+        total = sum(counts)
+        n, i = self.num_of_instances, self.instance_id
+        per = total // n if self.policy == "drop" else -(-total // n)
+        self.per_reader = per
+        if per == 0:
+            return
+        for r in positions_to_ranges(counts, list(range(len(urls))), i * per, (i + 1) * per):
+            offset, size = shards[r.shard].byte_range(r.start, r.stop)
+            yield ShardRange(urls[r.shard], r.start, r.stop, offset, size)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(super().__getstate__())  # type: ignore[no-untyped-call]
+        if not isinstance(self.index, str | type(None)):
+            return state  # a ShardIndex object given by the caller travels with the graph
+        state["_loaded"] = None  # each process loads the index file itself, once
+        return state
