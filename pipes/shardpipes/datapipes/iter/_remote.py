@@ -1,0 +1,828 @@
+"""Resumable, read-ahead streams over remote fsspec filesystems (S3, GCS, HTTP, ...).
+
+:class:`RemoteStream` reads one remote object as a sequence of ``block_size`` byte ranges.
+Background threads fetch the next ``readahead`` blocks while the consumer parses the current
+one, so the pipeline stays busy while the network waits; memory is bounded by
+``(readahead + 1) * block_size`` per open stream, whatever the object's size.
+
+Each block is one range request (``fs.cat_file(path, start, end)``). A transient failure (a
+connection reset, a time-out, a 5xx, a short body) is retried with exponential backoff by
+requesting the same range again, so the bytes handed to the consumer are exactly the object's
+bytes in order: nothing lost, nothing repeated. A permanent failure (no such key or bucket,
+401/403, a bad request) is raised at once. Every error names the URL (with any credentials
+removed) and the byte offset.
+
+Servers that cannot serve ranges (``Accept-Ranges: none``, no size, or a ``200`` with the whole
+body for a range request) are read as one sequential stream instead; a retry there reopens
+the stream and skips to the offset reached.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from shardpipes.errors import ShardReadError
+
+__all__ = [
+    "ForbiddenShardError",
+    "MissingShardError",
+    "NotAFileError",
+    "RemoteStream",
+    "RetriesExhaustedError",
+    "RetryPolicy",
+    "classify_error",
+    "open_remote",
+    "Redactor",
+    "redact_url",
+]
+
+logger = logging.getLogger(__name__)
+
+Kind = Literal["missing", "forbidden", "transient", "fatal"]
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+
+class _ReadErrorMixin(ShardReadError):
+    # ShardReadError.__reduce__ rebuilds the base class; keep the subclass across processes.
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild, (type(self), str(self.strerror), self.url, self.offset, self.errno))
+
+
+def _rebuild(
+    cls: type[ShardReadError], message: str, url: str, offset: int | None, err: int
+) -> ShardReadError:
+    return cls(message, url=url, offset=offset, err=err)
+
+
+class MissingShardError(_ReadErrorMixin, FileNotFoundError):
+    """The URL names no file (or no bucket)."""
+
+
+class ForbiddenShardError(_ReadErrorMixin, PermissionError):
+    """Access to the URL is denied (401/403, bad or missing credentials)."""
+
+
+class NotAFileError(_ReadErrorMixin, IsADirectoryError):
+    """The URL names a directory."""
+
+
+class RetriesExhaustedError(_ReadErrorMixin):
+    """Transient errors (resets, time-outs, 5xx) went on past the configured retries."""
+
+
+# --- retry policy and error classification ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how patiently a read is retried.
+
+    Attributes:
+        retries: Retries per failing request after the first attempt (``0``: fail at once).
+        backoff: Seconds before the first retry; doubled for each further one.
+        max_backoff: Upper bound of one wait.
+        timeout: Seconds one request (one block) may take before it counts as failed, or
+            ``None`` for no limit.
+    """
+
+    retries: int = 5
+    backoff: float = 0.5
+    max_backoff: float = 30.0
+    timeout: float | None = 60.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.retries, int) or self.retries < 0:
+            raise ValueError(f"retries should be a non-negative integer, got {self.retries!r}")
+        if self.backoff < 0 or self.max_backoff < 0:
+            raise ValueError(
+                f"backoff ({self.backoff!r}) and max_backoff ({self.max_backoff!r}) should be >= 0"
+            )
+        if self.timeout is not None and self.timeout <= 0:
+            raise ValueError(f"timeout should be a positive number of seconds or None, got {self.timeout!r}")
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (0-based)."""
+        return float(min(self.backoff * 2**attempt, self.max_backoff))
+
+
+# errno values that no retry can fix (s3fs maps S3 error codes onto these).
+_PERMANENT_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in ("ENOENT", "EACCES", "EPERM", "EISDIR", "ENOTDIR", "EINVAL", "ENOSYS",
+                 "ENAMETOOLONG", "EREMCHG", "EROFS", "EMSGSIZE")
+    if hasattr(errno, name)
+)  # fmt: skip
+# botocore's network-level exceptions (not builtins); its config errors stay fatal.
+_BOTO_TRANSIENT = frozenset(
+    {
+        "HTTPClientError",
+        "ConnectionError",
+        "EndpointConnectionError",
+        "ConnectTimeoutError",
+        "ReadTimeoutError",
+        "ConnectionClosedError",
+        "IncompleteReadError",
+        "ResponseStreamingError",
+        "ProxyConnectionError",
+    }
+)
+
+
+def _status(exc: BaseException) -> int | None:
+    """The HTTP status an exception carries: aiohttp, gcsfs ``HttpError``, botocore."""
+    for attr in ("status", "code"):
+        value = getattr(exc, attr, None)
+        if isinstance(value, int) and 100 <= value < 600:
+            return value
+    response = getattr(exc, "response", None)
+    if isinstance(response, Mapping):
+        code = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if isinstance(code, int):
+            return code
+    return None
+
+
+def _status_kind(status: int) -> Kind | None:
+    if status in (401, 403):
+        return "forbidden"
+    if status in (404, 410):
+        return "missing"
+    if status >= 500 or status in (408, 425, 429):
+        return "transient"
+    if status >= 400:
+        return "fatal"
+    return None
+
+
+def _transient_type(exc: BaseException) -> bool:
+    if isinstance(exc, OSError):  # includes TimeoutError, ConnectionError, requests' errors
+        return exc.errno not in _PERMANENT_ERRNOS
+    if isinstance(exc, (TimeoutError, EOFError, _ShortBody)):
+        return True
+    for cls in type(exc).__mro__:
+        mod = cls.__module__
+        if mod.startswith("aiohttp") and cls.__name__ == "ClientError":
+            return True  # payload errors, disconnects; statuses were handled before
+        if mod.startswith("http.client") and cls.__name__ == "HTTPException":
+            return True
+        if mod.startswith(("botocore", "aiobotocore")) and cls.__name__ in _BOTO_TRANSIENT:
+            return True
+    return False
+
+
+def classify_error(exc: BaseException) -> Kind:
+    """Sort a backend's exception into ``missing``, ``forbidden``, ``transient`` or ``fatal``.
+
+    Backends disagree on how they report the same failure: fsspec's HTTP filesystem turns any
+    failed ``info`` into ``FileNotFoundError`` with the real error as ``__cause__``; gcsfs
+    reports 403 as a plain ``OSError("Forbidden: ...")``; s3fs maps S3 codes onto errno values.
+    So statuses anywhere in the cause chain win, then the exception types.
+    """
+    seen: BaseException | None = exc
+    for _ in range(4):
+        if seen is None:
+            break
+        status = _status(seen)
+        kind = _status_kind(status) if status is not None else None
+        if kind is not None:
+            return kind
+        seen = seen.__cause__
+    if isinstance(exc, FileNotFoundError):
+        cause = exc.__cause__
+        if cause is None or isinstance(cause, FileNotFoundError):
+            return "missing"
+        # fsspec HTTP's info(): a refused connection or a time-out is worth a retry; anything
+        # else (aiohttp refusing the request, say) no retry can fix.
+        return "transient" if _transient_type(cause) else "fatal"
+    if isinstance(exc, PermissionError):
+        return "forbidden"
+    if isinstance(exc, OSError) and exc.errno is None and str(exc).startswith("Forbidden"):
+        return "forbidden"  # gcsfs
+    return "transient" if _transient_type(exc) else "fatal"
+
+
+# --- never print credentials --------------------------------------------------------------------
+
+_SECRET_WORDS = ("secret", "token", "password", "passwd", "key", "auth", "credential", "signature", "sig")
+
+
+def redact_url(url: str) -> str:
+    """Return ``url`` without a password in its authority or secrets in its query string.
+
+    Example:
+        >>> redact_url("https://user:pw@host/a.tar?X-Amz-Signature=abc&part=1")
+        'https://user:***@host/a.tar?X-Amz-Signature=***&part=1'
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, host = netloc.rpartition("@")
+        user, sep, _pw = userinfo.partition(":")
+        netloc = f"{user}:***@{host}" if sep else f"{user}@{host}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(_is_secret_name(k) for k, _ in pairs):
+            query = urlencode([(k, "***" if _is_secret_name(k) else v) for k, v in pairs], safe="*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _is_secret_name(name: str) -> bool:
+    low = name.lower()
+    return any(word in low for word in _SECRET_WORDS)
+
+
+def secrets_of(url: str, storage_options: Mapping[str, Any] | None) -> list[str]:
+    """Strings that must never appear in a message: credential values and the raw URL's secrets."""
+    found: list[str] = []
+
+    def walk(obj: Any, secret: bool) -> None:
+        if isinstance(obj, Mapping):
+            for k, v in obj.items():
+                walk(v, secret or (isinstance(k, str) and _is_secret_name(k)))
+        elif isinstance(obj, (list, tuple)):
+            for v in obj:
+                walk(v, secret)
+        elif secret and isinstance(obj, str) and len(obj) >= 4:
+            found.append(obj)
+
+    walk(dict(storage_options or {}), False)
+    parts = urlsplit(url) if "://" in url else None
+    if parts is not None:
+        if parts.password:
+            found.append(parts.password)
+        found.extend(v for k, v in parse_qsl(parts.query) if _is_secret_name(k) and len(v) >= 4)
+    return sorted(set(found), key=len, reverse=True)
+
+
+class Redactor:
+    """Formats exceptions for messages without the URL's or the storage options' secrets."""
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None) -> None:
+        self.raw_url = url
+        self.url = redact_url(url)
+        self.secrets = secrets_of(url, storage_options)
+
+    def text(self, text: str) -> str:
+        """``text`` with the raw URL replaced by the redacted one and secrets by ``***``."""
+        if self.raw_url != self.url:
+            text = text.replace(self.raw_url, self.url)
+        for s in self.secrets:
+            text = text.replace(s, "***")
+        return text
+
+    def describe(self, exc: BaseException) -> str:
+        """``"Type: message"`` of ``exc`` (and of its direct cause), redacted."""
+
+        def one(e: BaseException) -> str:
+            return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+        text = one(exc)
+        if exc.__cause__ is not None:
+            text += f" (from {one(exc.__cause__)})"
+        return self.text(text)
+
+    def leaks(self, exc: BaseException) -> bool:
+        """Whether ``exc`` or its causes show a secret (then it is not chained to our error)."""
+        seen: BaseException | None = exc
+        for _ in range(8):
+            if seen is None:
+                return False
+            text = f"{seen} {seen.args!r}"
+            if self.raw_url != self.url and self.raw_url in text:
+                return True
+            if any(s in text for s in self.secrets):
+                return True
+            seen = seen.__cause__ or seen.__context__
+        return False
+
+    def error(self, exc: BaseException, kind: Kind, offset: int, attempts: int, spent: float) -> ShardReadError:
+        """The :class:`ShardReadError` subclass for ``kind``, naming URL and byte offset."""
+        what, url = self.describe(exc), self.url
+        if kind == "missing":
+            msg = f"{url}: no such file or bucket (at byte offset {offset}): {what}"
+            return MissingShardError(msg, url=url, offset=offset, err=errno.ENOENT)
+        if kind == "forbidden":
+            msg = f"{url}: access denied (at byte offset {offset}): {what}"
+            return ForbiddenShardError(msg, url=url, offset=offset, err=errno.EACCES)
+        if kind == "transient":
+            msg = (
+                f"{url}: read failed at byte offset {offset} after {attempts} attempts "
+                f"over {spent:.1f}s: {what}"
+            )
+            err = getattr(exc, "errno", None) or errno.EIO
+            return RetriesExhaustedError(msg, url=url, offset=offset, err=err)
+        msg = f"{url}: read failed at byte offset {offset}: {what}"
+        return ShardReadError(msg, url=url, offset=offset)
+
+    def raise_(self, exc: BaseException, kind: Kind, offset: int, attempts: int, spent: float) -> None:
+        """Raise :meth:`error`, chained to ``exc`` unless that would print a secret."""
+        err = self.error(exc, kind, offset, attempts, spent)
+        if self.leaks(exc):
+            raise err from None
+        raise err from exc
+
+
+# --- transports: how one range (or the next piece of a stream) is fetched ----------------------
+
+
+class _ShortBody(Exception):
+    """A range response ended before the requested length: the connection was cut."""
+
+
+class _RangesIgnored(Exception):
+    """The server answered a range request with the whole object."""
+
+
+def _is_async(fs: Any) -> bool:
+    return bool(getattr(fs, "async_impl", False)) and getattr(fs, "loop", None) is not None
+
+
+class _RangeTransport:
+    """Fetch ``[start, end)`` with one range request, within the time-out."""
+
+    sequential = False
+
+    def __init__(self, fs: Any, path: str, timeout: float | None) -> None:
+        self.fs, self.path, self.timeout = fs, path, timeout
+
+    def fetch(self, start: int, length: int) -> bytes:
+        end = start + length
+        if _is_async(self.fs):
+            from fsspec.asyn import sync
+
+            # sync() wraps the coroutine in asyncio.wait_for: a time-out cancels the request.
+            data = sync(
+                self.fs.loop, self.fs._cat_file, self.path, start=start, end=end, timeout=self.timeout
+            )
+        else:
+            data = self.fs.cat_file(self.path, start=start, end=end)
+        if len(data) == length:
+            return bytes(data)
+        if len(data) > length:
+            raise _RangesIgnored(f"asked for {length} bytes, got {len(data)}")
+        raise _ShortBody(f"response ended after {len(data)} of {length} bytes")
+
+    def close(self) -> None:
+        pass
+
+
+class _StreamTransport:
+    """Read the object front to back through ``fs.open``; reopen and skip ahead after a failure."""
+
+    sequential = True
+
+    def __init__(self, fs: Any, path: str, timeout: float | None, open_kwargs: Mapping[str, Any]):
+        self.fs, self.path, self.timeout = fs, path, timeout
+        self.open_kwargs = dict(open_kwargs)
+        if "http" in _protocols(fs):
+            self.open_kwargs.setdefault("block_size", 0)  # fsspec's streaming HTTP file
+        self._f: Any = None
+        self._pos = 0
+
+    def _read(self, n: int) -> bytes:
+        f = self._f
+        if type(f).__name__ == "HTTPStreamFile" and self.timeout is not None:
+            # Its read is fsspec's sync wrapper, which takes the time-out (and cancels).
+            return bytes(f.read(n, timeout=self.timeout))
+        return bytes(f.read(n))
+
+    def fetch(self, start: int, length: int) -> bytes:
+        if self._f is None or self._pos != start:
+            self.close()
+            self._f = self.fs.open(self.path, "rb", **self.open_kwargs)
+            self._pos = 0
+            if start:
+                try:
+                    self._f.seek(start)
+                    self._pos = start
+                except (ValueError, OSError, io.UnsupportedOperation):
+                    while self._pos < start:  # no ranges: read and drop what was delivered
+                        skipped = self._read(min(length, start - self._pos))
+                        if not skipped:
+                            raise _ShortBody(f"stream ended at {self._pos} while skipping to {start}")
+                        self._pos += len(skipped)
+        data = self._read(length)
+        self._pos += len(data)
+        return data
+
+    def close(self) -> None:
+        f, self._f = self._f, None
+        if f is not None:
+            try:
+                f.close()
+            except Exception:  # a broken connection may fail to close; it is dropped anyway
+                logger.debug("closing %s failed", self.path, exc_info=True)
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    proto = getattr(fs, "protocol", ())
+    return (proto,) if isinstance(proto, str) else tuple(proto)
+
+
+# --- the stream --------------------------------------------------------------------------------
+
+
+class _Prefetcher:
+    """Threads fetching blocks ``0, 1, 2, ...`` (from ``base``) ahead of the consumer, in order.
+
+    Invariant: at most ``depth`` blocks beyond the one the consumer holds are fetched or in
+    flight, so memory is bounded by ``(depth + 1) * block_size`` whatever the object's size.
+    After a failure or the end, no block past it is claimed.
+    """
+
+    def __init__(self, stream: RemoteStream, base: int, threads: int, depth: int) -> None:
+        self.stream = stream
+        self.base = base
+        self.depth = depth
+        self.halt = threading.Event()  # set by stop(): no new requests, no more waiting
+        self.cond = threading.Condition()
+        self.next_claim = 0  # index of the next block a thread may start
+        self.consumed = 0  # index of the next block the consumer takes
+        self.end: int | None = None  # first index past the end (or past a failure)
+        self.results: dict[int, bytes | BaseException] = {}
+        self.seq_pos = base  # sequential transport: offset of the next block
+        self.threads: list[threading.Thread] = []
+        self.widen(threads, depth)
+
+    def widen(self, threads: int, depth: int) -> None:
+        """Let up to ``threads`` requests run at once, ``depth`` blocks ahead."""
+        with self.cond:
+            self.depth = depth
+            self.cond.notify_all()
+        for _ in range(threads - len(self.threads)):
+            t = threading.Thread(target=self._run, name="shardpipes-readahead", daemon=True)
+            self.threads.append(t)
+            t.start()
+
+    def _past_end(self, idx: int) -> bool:
+        return (self.end is not None and idx >= self.end) or self.stream._start_of(self.base, idx) is None
+
+    def _claim(self) -> int | None:
+        with self.cond:
+            while not self.halt.is_set():
+                idx = self.next_claim
+                if self._past_end(idx):
+                    return None
+                if idx < self.consumed + self.depth:
+                    self.next_claim += 1
+                    return idx
+                self.cond.wait()
+            return None
+
+    def _run(self) -> None:
+        stream = self.stream
+        while (idx := self._claim()) is not None:
+            result: bytes | BaseException
+            try:
+                if stream._transport.sequential:  # one thread: offsets follow the data
+                    result = stream._fetch_block(self.seq_pos, self.halt)
+                    self.seq_pos += len(result)
+                else:
+                    result = stream._fetch_block(stream._start_of(self.base, idx) or 0, self.halt)
+            except BaseException as exc:  # handed to the consumer, raised at its position
+                result = exc
+            with self.cond:
+                if self.halt.is_set():
+                    return
+                self.results[idx] = result
+                if isinstance(result, BaseException) or not result:
+                    self.end = idx + 1 if self.end is None else min(self.end, idx + 1)
+                self.cond.notify_all()
+
+    def take(self) -> bytes | BaseException:
+        """The next block in order; ``b""`` past the end."""
+        with self.cond:
+            idx = self.consumed
+            while idx not in self.results:
+                if self.halt.is_set() or self._past_end(idx):
+                    return b""
+                self.cond.wait()
+            self.consumed += 1
+            self.cond.notify_all()
+            return self.results.pop(idx)
+
+    def stop(self) -> None:
+        """Stop claiming, drop fetched blocks; requests in flight finish and are discarded."""
+        self.halt.set()
+        with self.cond:
+            self.results.clear()
+            self.cond.notify_all()
+
+
+class RemoteStream(io.RawIOBase):
+    """A read-only, resumable file object over one remote object (made by :func:`open_remote`).
+
+    ``read(n)`` returns fewer than ``n`` bytes only at the end. ``seek`` works when the server
+    serves ranges (it restarts the read-ahead unless the target is in the current block). An
+    error is raised at the byte offset where the data stops, and again on every later read.
+
+    Attributes:
+        url: The URL, without credentials.
+        size: The object's size in bytes, or ``None`` when the server does not say.
+        attempts: Requests made for data so far, retries included.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        fs: Any,
+        path: str,
+        *,
+        size: int | None,
+        ranges: bool,
+        block_size: int,
+        readahead: int,
+        retry: RetryPolicy,
+        redactor: Redactor | None = None,
+        open_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self._redactor = redactor or Redactor(url, None)
+        self.url = self._redactor.url
+        self.size = size
+        self.attempts = 0
+        self._fs, self._path = fs, path
+        self._block_size = block_size
+        self._readahead = readahead
+        self._retry = retry
+        self._open_kwargs = dict(open_kwargs or {})
+        self._halt = threading.Event()  # set on close; stops readahead=0 fetches
+        self._lock = threading.Lock()
+        self._transport: _RangeTransport | _StreamTransport
+        if ranges and size is not None:
+            self._transport = _RangeTransport(fs, path, retry.timeout)
+        else:
+            self._transport = _StreamTransport(fs, path, retry.timeout, self._open_kwargs)
+        # Until one block shows that the server honours ranges, fetch one block at a time: a
+        # server that ignores Range would otherwise send the whole object to every thread.
+        self._probed = self._transport.sequential or not size
+        self._buf = b""  # the block being consumed
+        self._buf_pos = 0
+        self._pos = 0  # offset of the next byte read() returns
+        self._next_off = 0  # offset of the next block _next_block() returns
+        self._failed: BaseException | None = None
+        self._pf: _Prefetcher | None = None
+        self._restart(0)
+
+    # -- fetching --
+
+    def _start_of(self, base: int, idx: int) -> int | None:
+        """Offset of block ``idx`` counted from ``base``, or ``None`` past the end."""
+        if self._transport.sequential:
+            return base  # unknown ahead of time; the single thread tracks it
+        start = base + idx * self._block_size
+        return start if self.size is None or start < self.size else None
+
+    def _restart(self, offset: int) -> None:
+        if self._pf is not None:
+            self._pf.stop()
+            self._pf = None
+        self._next_off = offset
+        if self._readahead > 0:
+            wide = self._probed and not self._transport.sequential and _is_async(self._fs)
+            self._pf = _Prefetcher(
+                self, offset, self._readahead if wide else 1, self._readahead if self._probed else 1
+            )
+
+    def _fetch_block(self, start: int, halt: threading.Event) -> bytes:
+        """Fetch the block at ``start``, retrying transient failures; raise a ShardReadError."""
+        seq = self._transport.sequential
+        length = self._block_size
+        if self.size is not None:
+            length = min(length, self.size - start)
+            if length <= 0:
+                return b""
+        attempt, began = 0, time.monotonic()
+        while True:
+            if halt.is_set():
+                raise ValueError(f"I/O operation on closed file ({self.url})")
+            with self._lock:
+                self.attempts += 1
+            try:
+                data = self._transport.fetch(start, length)
+                if seq and not data and self.size is not None:
+                    raise _ShortBody(f"stream ended at byte {start} of {self.size}")
+                return data
+            except _RangesIgnored:
+                raise
+            except Exception as exc:
+                kind = classify_error(exc)
+                if kind != "transient" or attempt >= self._retry.retries:
+                    spent = time.monotonic() - began
+                    self._redactor.raise_(exc, kind, start, attempt + 1, spent)
+                wait = self._retry.delay(attempt)
+                logger.warning(
+                    "%s: %s at byte offset %d (attempt %d of %d); retrying in %.2fs",
+                    self.url, self._redactor.describe(exc), start, attempt + 1,
+                    self._retry.retries + 1, wait,
+                )  # fmt: skip
+                if seq:
+                    self._transport.close()  # the next attempt reopens at `start`
+                if halt.wait(wait):
+                    raise ValueError(f"I/O operation on closed file ({self.url})") from None
+                attempt += 1
+
+    def _next_block(self) -> bytes:
+        """The next block of the stream, ``b""`` at the end."""
+        if self._failed is not None:
+            raise self._failed
+        if self._pf is None:  # readahead=0: fetch in the caller's thread
+            result: bytes | BaseException
+            try:
+                result = self._fetch_block(self._next_off, self._halt)
+            except BaseException as exc:
+                result = exc
+        else:
+            result = self._pf.take()
+        if isinstance(result, _RangesIgnored):
+            logger.info("%s: the server ignores range requests; streaming it instead", self.url)
+            self._transport = _StreamTransport(
+                self._fs, self._path, self._retry.timeout, self._open_kwargs
+            )
+            self._probed = True
+            self._restart(self._next_off)
+            return self._next_block()
+        if isinstance(result, BaseException):
+            self._failed = result
+            raise result
+        self._next_off += len(result)
+        if not self._probed and result:
+            self._probed = True
+            if self._pf is not None:
+                self._pf.widen(self._readahead if _is_async(self._fs) else 1, self._readahead)
+        return result
+
+    # -- io.RawIOBase --
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return not self._transport.sequential
+
+    def tell(self) -> int:
+        return self._pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        """Read up to ``size`` bytes (all the rest if negative); ``b""`` at the end."""
+        if self.closed:
+            raise ValueError(f"I/O operation on closed file ({self.url})")
+        if size is None or size < 0:
+            return self.readall()
+        avail = len(self._buf) - self._buf_pos
+        if avail >= size:
+            if self._buf_pos == 0 and avail == size:
+                out, self._buf = self._buf, b""
+            else:
+                out = self._buf[self._buf_pos : self._buf_pos + size]
+                self._buf_pos += size
+            self._pos += len(out)
+            return out
+        parts = [self._buf[self._buf_pos :]] if avail else []
+        need = size - avail
+        self._buf, self._buf_pos = b"", 0
+        while need > 0:
+            block = self._next_block()
+            if not block:
+                break
+            if len(block) <= need:
+                parts.append(block)
+                need -= len(block)
+            else:  # keep the rest of the block for the next read
+                parts.append(block[:need])
+                self._buf, self._buf_pos = block, need
+                need = 0
+        out = parts[0] if len(parts) == 1 else b"".join(parts)
+        self._pos += len(out)
+        return out
+
+    def readall(self) -> bytes:
+        """Read to the end."""
+        parts = [self.read(len(self._buf) - self._buf_pos)]
+        while block := self._next_block():
+            parts.append(block)
+            self._pos += len(block)
+        return b"".join(parts)
+
+    def readinto(self, b: Any) -> int:
+        """Read into a writable buffer; return the number of bytes read."""
+        view = memoryview(b).cast("B")
+        data = self.read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        """Move to ``offset`` (relative to ``whence``) and return the new position."""
+        if self.closed:
+            raise ValueError(f"I/O operation on closed file ({self.url})")
+        if whence == io.SEEK_CUR:
+            offset += self._pos
+        elif whence == io.SEEK_END:
+            if self.size is None:
+                raise io.UnsupportedOperation(f"{self.url}: size unknown, cannot seek from the end")
+            offset += self.size
+        if offset < 0:
+            raise ValueError(f"negative seek position {offset}")
+        if offset == self._pos:
+            return offset
+        if self._transport.sequential:
+            raise io.UnsupportedOperation(f"{self.url}: the server does not serve ranges; cannot seek")
+        block_start = self._pos - self._buf_pos
+        if block_start <= offset < block_start + len(self._buf):
+            self._buf_pos = offset - block_start
+        else:
+            self._buf, self._buf_pos = b"", 0
+            self._failed = None
+            self._restart(offset)
+        self._pos = offset
+        return offset
+
+    def close(self) -> None:
+        """Stop the read-ahead threads and drop buffered blocks; idempotent."""
+        if not self.closed:
+            self._halt.set()
+            if self._pf is not None:
+                self._pf.stop()
+            self._transport.close()
+            self._buf = b""
+        super().close()
+
+    def __repr__(self) -> str:
+        return f"RemoteStream({self.url!r}, size={self.size}, pos={self._pos})"
+
+
+def open_remote(
+    url: str,
+    fs: Any,
+    path: str,
+    *,
+    block_size: int,
+    readahead: int,
+    retry: RetryPolicy,
+    storage_options: Mapping[str, Any] | None = None,
+    open_kwargs: Mapping[str, Any] | None = None,
+) -> RemoteStream:
+    """Look ``url`` up (with retries) and return a :class:`RemoteStream` that reads it.
+
+    Raises:
+        MissingShardError: No such object or bucket.
+        ForbiddenShardError: 401/403 or bad credentials.
+        NotAFileError: The URL names a directory.
+        RetriesExhaustedError: The look-up kept failing with transient errors.
+        ShardReadError: Any other failure. Messages name the URL, never credentials.
+    """
+    redactor = Redactor(url, storage_options)
+    attempt, began = 0, time.monotonic()
+    while True:
+        try:
+            info = _info(fs, path, retry.timeout)
+            break
+        except Exception as exc:
+            kind = classify_error(exc)
+            if kind != "transient" or attempt >= retry.retries:
+                redactor.raise_(exc, kind, 0, attempt + 1, time.monotonic() - began)
+            wait = retry.delay(attempt)
+            logger.warning(
+                "%s: look-up failed (%s), attempt %d of %d; retrying in %.2fs",
+                redactor.url, redactor.describe(exc), attempt + 1, retry.retries + 1, wait,
+            )  # fmt: skip
+            time.sleep(wait)
+            attempt += 1
+    if info.get("type") == "directory":
+        msg = f"{redactor.url}: is a directory, not a file"
+        raise NotAFileError(msg, url=redactor.url, offset=0, err=errno.EISDIR)
+    size = info.get("size")
+    return RemoteStream(
+        url,
+        fs,
+        path,
+        size=int(size) if size is not None else None,
+        ranges=info.get("partial", True) is not False,
+        block_size=block_size,
+        readahead=readahead,
+        retry=retry,
+        redactor=redactor,
+        open_kwargs=open_kwargs,
+    )
+
+
+def _info(fs: Any, path: str, timeout: float | None) -> dict[str, Any]:
+    if _is_async(fs):
+        from fsspec.asyn import sync
+
+        return dict(sync(fs.loop, fs._info, path, timeout=timeout))
+    return dict(fs.info(path))
