@@ -9,7 +9,8 @@ A stage that reads or parses data takes ``handler=``, one of:
 - a callable ``fn(exc) -> bool``: return ``True`` to skip, ``False`` to stop; raise to raise.
 
 Nothing is skipped silently: every skip is counted in the stage's :class:`SkipStats`, which
-:func:`shardpipes.skip_stats` gathers across a graph.
+:meth:`shardpipes.dataloader2.DataLoader2.stats` sums over the graph and every worker
+(and logs once per epoch).
 """
 
 from __future__ import annotations
@@ -91,10 +92,13 @@ class Policy:
         """Whether this policy re-raises every error (the default)."""
         return self._fn is None and self.name == "raise"
 
-    def __call__(self, exc: BaseException, url: str, stats: SkipStats) -> bool:
+    def __call__(
+        self, exc: BaseException, url: str, stats: SkipStats, *, shard: bool = False
+    ) -> bool:
         """Return ``True`` to skip the item, ``False`` to stop the stream; or raise ``exc``.
 
-        The decision is counted in ``stats`` before returning.
+        The decision is counted in ``stats`` before returning: as a shard when it stops the
+        stream, or when ``shard`` says that skipping drops the rest of a shard; else as a sample.
         """
         if self._fn is not None:
             skip = bool(self._fn(exc))
@@ -102,7 +106,7 @@ class Policy:
             raise exc
         else:
             skip = self.name != "stop"
-        stats.record(url, exc, shard=not skip)
+        stats.record(url, exc, shard=shard or not skip)
         if self.name == "warn_and_skip":
             warnings.warn(f"skipped: {exc}", SkippedInputWarning, stacklevel=3)
         else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import numbers
 import os
 import tarfile
 from collections.abc import Iterable, Mapping
@@ -21,18 +22,20 @@ __all__ = ["ShardWriter", "encode_value"]
 
 
 def encode_value(ext: str, value: Any) -> bytes:
-    """Encode one field for ``ext`` (``".cls"``, ``".json"``, ...) as bytes."""
+    """Encode one field for ``ext`` (``".cls"`` or ``"cls"``, ``".json"``, ...) as bytes."""
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value)
     if isinstance(value, str):
         return value.encode("utf-8")
     if isinstance(value, bool):
         raise TypeError(f"field {ext!r}: bool is ambiguous; encode it yourself")
-    if isinstance(value, int):
-        return str(value).encode("ascii")
-    if ext.endswith((".json", ".jsn")):
+    if isinstance(value, numbers.Integral):  # also numpy integers, as labels often are
+        return str(int(value)).encode("ascii")
+    # write() accepts "json" as well as ".json" for a field name; so does the choice here.
+    dotted = ext if ext.startswith(".") else f".{ext}"
+    if dotted.endswith((".json", ".jsn")):
         return json.dumps(value).encode("utf-8")
-    if ext.endswith(".npy"):
+    if dotted.endswith(".npy"):
         import numpy as np
 
         buf = io.BytesIO()

@@ -118,7 +118,8 @@ class DecoderIterDataPipe(StageIterDataPipe[Sample]):
         image: ``"pil"`` (default), ``"numpy"`` (HWC uint8), ``"torch"`` (CHW uint8), or
             ``None`` to leave images as bytes.
         decoders: Extra or replacement decoders by extension (``"seg"`` or ``".seg"``), each
-            a module-level function ``bytes -> value``.
+            a module-level function ``bytes -> value``. A dotted extension (``"seg.png"``)
+            applies to that field only, ahead of the decoder of its last part.
         allow_pickle: Decode ``pickle``/``pyd`` fields and ``pt`` files with full pickles.
             Only for data you trust. Default: ``False``.
         handler: What to do when a field cannot be decoded: ``"raise"`` (default),
@@ -155,7 +156,7 @@ class DecoderIterDataPipe(StageIterDataPipe[Sample]):
             table.update({"pickle": _pickle, "pyd": _pickle, "pt": _torch_pickle, "pth": _torch_pickle})
         for ext, fn in (decoders or {}).items():
             check_picklable_fn(fn, f"decoder for {ext!r}")
-            table[ext.lstrip(".").rsplit(".", 1)[-1]] = fn
+            table[ext.lstrip(".")] = fn  # "seg.png" must not replace every "png" decoder
         self.source_datapipe = source_datapipe
         self.image = image
         self.allow_pickle = allow_pickle
@@ -175,7 +176,7 @@ class DecoderIterDataPipe(StageIterDataPipe[Sample]):
                 for name, value in sample.items():
                     fn = chosen.get(name, _UNSEEN)
                     if fn is _UNSEEN:
-                        fn = None if name.startswith("__") else table.get(name.rsplit(".", 1)[-1])
+                        fn = None if name.startswith("__") else _lookup(table, name)
                         chosen[name] = fn
                     if fn is not None and isinstance(value, bytes | bytearray | memoryview):
                         try:
@@ -190,6 +191,13 @@ class DecoderIterDataPipe(StageIterDataPipe[Sample]):
 
 
 _UNSEEN: Any = object()
+
+
+def _lookup(
+    table: Mapping[str, Callable[[bytes], Any]], field: str
+) -> Callable[[bytes], Any] | None:
+    """The decoder of ``field`` (``".seg.png"``): by its whole extension, else by its last part."""
+    return table.get(field.lstrip("."), table.get(field.rsplit(".", 1)[-1]))
 
 
 def _decode_error(sample: Sample, field: str, exc: Exception) -> DecodeError:

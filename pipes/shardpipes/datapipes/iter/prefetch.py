@@ -58,8 +58,11 @@ class PrefetcherIterDataPipe(StageIterDataPipe[T]):
             return False
 
         def produce() -> None:
-            it = iter(self.source_datapipe)
+            it: Any = None
             try:
+                # iter() inside the try: a source whose __iter__ raises at once must reach
+                # the consumer, which otherwise waits on the queue forever.
+                it = iter(self.source_datapipe)
                 for item in it:
                     if not put((_ITEM, item)):
                         return

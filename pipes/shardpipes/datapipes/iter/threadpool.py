@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import copy
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -26,8 +27,11 @@ class ThreadPoolMapperIterDataPipe(StageIterDataPipe[Any]):
         source_datapipe: The source.
         fn: A module-level function (it must pickle to worker processes).
         input_col: Apply ``fn`` to this key/index of each item and put the result back there
-            (or into ``output_col``). Default: the whole item.
-        output_col: Where to put the result when ``input_col`` is given. Default: ``input_col``.
+            (or into ``output_col``); a list/tuple of them passes several arguments, and the
+            result replaces the first (the others are removed), as torch's ``map`` does.
+            Default: the whole item.
+        output_col: Where to put the result when ``input_col`` is given; ``-1`` appends it.
+            Default: ``input_col``.
         scheduled_tasks: Items in flight at most. Default: ``128``.
         max_workers: Threads. Default: ``min(32, cpu count + 4)`` as ``ThreadPoolExecutor``.
 
@@ -52,6 +56,12 @@ class ThreadPoolMapperIterDataPipe(StageIterDataPipe[Any]):
             raise ValueError(f"scheduled_tasks should be a positive integer, got {scheduled_tasks!r}")
         if output_col is not None and input_col is None:
             raise ValueError("output_col needs input_col")
+        if isinstance(output_col, list | tuple):
+            if len(output_col) != 1:
+                raise ValueError(
+                    f"output_col should be a single-element list or tuple, got {output_col!r}"
+                )
+            output_col = output_col[0]
         self.source_datapipe = source_datapipe
         self.fn = fn
         self.input_col = input_col
@@ -60,18 +70,23 @@ class ThreadPoolMapperIterDataPipe(StageIterDataPipe[Any]):
         self.max_workers = max_workers
 
     def _apply(self, item: Any) -> Any:
-        if self.input_col is None:
+        # Same column semantics as torch's Mapper, but on a copy: items are shared with the
+        # source (and other threads), so they are never modified in place.
+        in_col, out_col = self.input_col, self.output_col
+        if in_col is None:
             return self.fn(item)
-        out = self.fn(item[self.input_col])
-        col = self.input_col if self.output_col is None else self.output_col
-        if isinstance(item, tuple):
-            item = list(item)
-            item[col] = out
-            return tuple(item)
-        if isinstance(item, dict):
-            item = dict(item)
-        item[col] = out
-        return item
+        several = isinstance(in_col, list | tuple)
+        out = self.fn(*(item[c] for c in in_col)) if several else self.fn(item[in_col])
+        result = list(item) if isinstance(item, tuple) else copy.copy(item)
+        if out_col is None and several:
+            result[in_col[0]] = out
+            for c in sorted(in_col[1:], reverse=True):
+                del result[c]
+        elif out_col == -1 and isinstance(result, list):
+            result.append(out)
+        else:
+            result[in_col if out_col is None else out_col] = out
+        return tuple(result) if isinstance(item, tuple) else result
 
     def __iter__(self) -> Iterator[Any]:
         pending: collections.deque[Future[Any]] = collections.deque()

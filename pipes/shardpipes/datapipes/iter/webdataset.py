@@ -92,9 +92,14 @@ class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
                 url, name = "", path  # a foreign source: the key keeps the full path
             count = 0 if url != last_url else count + 1
             last_url = url
+            # A TarMember knows its byte offset: a shard listed twice in a row then starts
+            # again at a lower offset, which is how __iter__ tells the two passes apart.
+            offset = getattr(stream, "offset", None)
+            if not isinstance(offset, int):
+                offset = count
             data = stream.read()
             stream.close()
-            yield url, TarEntry(name, data, count, count)
+            yield url, TarEntry(name, data, offset, offset)
 
     def __iter__(self) -> Iterator[Sample]:
         policy = self.handler
@@ -109,6 +114,8 @@ class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
             if member_url != url or entry.offset <= last_offset:  # a new shard begins
                 if sample is not None:
                     out = self._finish(sample, required, policy)
+                    if out is _STOP:
+                        return
                     if out is not None:
                         yield out
                 sample, key, url = None, None, member_url
@@ -128,11 +135,15 @@ class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
                 if member_key != key:
                     if sample is not None:
                         out = self._finish(sample, required, policy)
+                        if out is _STOP:
+                            return
                         if out is not None:
                             yield out
                         sample = None
                     if member_key in seen:
-                        key = None
+                        # The rest of this key's run is dropped with it (one skip, not one
+                        # per member): sample stays None while key matches.
+                        key = member_key
                         raise SampleFormatError(
                             f"{member_url}: key {member_key!r} appears again at member {name!r} "
                             "after other keys; the members of a sample must be adjacent",
@@ -157,10 +168,11 @@ class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
                     return
         if sample is not None:
             out = self._finish(sample, required, policy)
-            if out is not None:
+            if out is not None and out is not _STOP:
                 yield out
 
     def _finish(self, sample: Sample, required: tuple[str, ...], policy: Any) -> Sample | None:
+        """Return the sample, ``None`` to skip it, or ``_STOP`` when the policy stops."""
         if not required:
             return sample
         missing = [e for e in required if e not in sample]
@@ -175,8 +187,10 @@ class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
         )
         if policy.raises:
             raise exc
-        policy(exc, url, self.skipped)
-        return None
+        return None if policy(exc, url, self.skipped) else _STOP
+
+
+_STOP: Any = object()
 
 
 def _dotted(ext: str) -> str:
