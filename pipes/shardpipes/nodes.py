@@ -22,6 +22,7 @@ from torch.utils.data.graph_settings import apply_sharding
 from torchdata.nodes import BaseNode
 
 from shardpipes.dataloader2.seeding import SeedGenerator, seed_graph
+from shardpipes.datapipes.iter._lean import lean_graph
 from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe
 
 __all__ = ["DataPipeNode", "World", "as_node"]
@@ -162,7 +163,7 @@ def as_node(
         worker=worker,
         num_workers=num_workers,
     )
-    graph = copy.deepcopy(datapipe)
+    graph = lean_graph(copy.deepcopy(datapipe))
     if world.world_size > 1:
         graph = apply_sharding(graph, world.world_size, world.rank, SHARDING_PRIORITIES.DISTRIBUTED)
     if world.num_workers > 1:

@@ -20,6 +20,7 @@ from shardpipes.dataloader2.reading_service import (
     ReadingServiceInterface,
     SequentialReadingService,
 )
+from shardpipes.datapipes.iter._lean import lean_graph
 from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe
 from shardpipes.errors import ShardingWarning
 from shardpipes.handlers import SkipStats
@@ -136,7 +137,7 @@ class DataLoader2(Generic[T]):
             self._active.close()  # an abandoned epoch: finalise it before the next begins
             self._active = None
         if self._graph is None:
-            self._graph = self.reading_service.initialize(copy.deepcopy(self.datapipe))
+            self._graph = self.reading_service.initialize(lean_graph(copy.deepcopy(self.datapipe)))
         generator = SeedGenerator(self._seed, self._epoch)
         self._epoch += 1
         skip, self._skip = self._skip, 0

@@ -31,6 +31,11 @@ from torch.utils.data.graph_settings import apply_sharding, get_all_graph_pipes
 from shardpipes.dataloader2._stats import graph_skips, merge_skips, skips_from_dict
 from shardpipes.dataloader2._worker import EpochSlot, WorkerDataset, WorkerPoolIterDataPipe
 from shardpipes.dataloader2.seeding import SeedGenerator, seed_graph
+from shardpipes.datapipes.iter._lean import (
+    LeanBatcherIterDataPipe,
+    LeanMapperIterDataPipe,
+    LeanShufflerIterDataPipe,
+)
 from shardpipes.datapipes.iter.batch import InBatchShufflerIterDataPipe
 from shardpipes.datapipes.iter.decode import DecoderIterDataPipe
 from shardpipes.datapipes.iter.fsspec import FSSpecFileOpenerIterDataPipe
@@ -126,6 +131,8 @@ def _split_tail(datapipe: IterDataPipe[Any]) -> tuple[list[Any], IterDataPipe[An
 _ONE_TO_ONE = (
     Mapper,
     Shuffler,
+    LeanMapperIterDataPipe,
+    LeanShufflerIterDataPipe,
     DecoderIterDataPipe,
     PrefetcherIterDataPipe,
     ThreadPoolMapperIterDataPipe,
@@ -154,8 +161,8 @@ def exact_length_plan(datapipe: IterDataPipe[Any]) -> tuple[int | None, bool] | 
     """
     node: Any = datapipe
     batch: tuple[int | None, bool] = (None, False)
-    while isinstance(node, (*_ONE_TO_ONE, Batcher)):
-        if isinstance(node, Batcher):
+    while isinstance(node, (*_ONE_TO_ONE, Batcher, LeanBatcherIterDataPipe)):
+        if isinstance(node, Batcher | LeanBatcherIterDataPipe):
             if batch[0] is not None:
                 return None  # two batch() stages: counts no longer follow from the index
             batch = (node.batch_size, node.drop_last)

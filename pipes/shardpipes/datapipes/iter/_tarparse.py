@@ -25,6 +25,9 @@ __all__ = ["BLOCK", "TarEntry", "iter_tar"]
 BLOCK = 512
 _ZERO = bytes(BLOCK)
 _REGULAR = (b"0", b"\0", b"7")
+_REGULAR_FLAGS = frozenset(b"0\x007")  # the same type flags, as the ints bytes indexing gives
+_LONGNAME, _PAX = ord("L"), ord("x")
+_TERMINATORS = frozenset(b"\x00 ")
 _DEFAULT_CHUNK = 1 << 20
 # Larger sizes cannot be read (``read(n)`` takes an ssize_t); only a corrupt header claims them.
 _MAX_SIZE = 1 << 62
@@ -166,40 +169,61 @@ def iter_tar(
         end = False
         need = BLOCK
         while len(buf) - pos >= BLOCK:
-            hdr = buf[pos : pos + BLOCK]
-            if hdr == _ZERO:
+            # Fields are parsed in place from buf (no 512-byte header copy). The fast paths
+            # take the usual encoding (11 octal digits + NUL or space); anything else (spaces,
+            # 12 digits, base-256, garbage) goes to the careful parsers.
+            if buf[pos] == 0 and buf[pos : pos + BLOCK] == _ZERO:
                 end = True
                 break
-            size = int(pax["size"]) if "size" in pax else _parse_size(hdr[124:136], url, base + pos)
+            if "size" in pax:
+                size = int(pax["size"])
+            else:
+                size = -1
+                if buf[pos + 135] in _TERMINATORS:
+                    try:
+                        size = int(buf[pos + 124 : pos + 135], 8)
+                    except ValueError:
+                        pass
+                if size < 0:
+                    size = _parse_size(buf[pos + 124 : pos + 136], url, base + pos)
+            chk = -1
+            if buf[pos + 154] in _TERMINATORS:
+                try:
+                    chk = int(buf[pos + 148 : pos + 154], 8)
+                except ValueError:
+                    pass
+            if chk < 0:
+                chk = _stored_sum(buf[pos : pos + BLOCK])
             data_end = pos + BLOCK + size
             if data_end > len(buf):
                 need = data_end - pos
                 # Verify this header before reading its data: a corrupt size field must be
                 # reported as such, not make us read (and hold) up to 8 GiB first.
-                _check_sums(buf, [*headers, pos], [*stored, _stored_sum(hdr)], base, url)
+                _check_sums(buf, [*headers, pos], [*stored, chk], base, url)
                 break
             headers.append(pos)
-            stored.append(_stored_sum(hdr))
+            stored.append(chk)
             if member_start is None:
                 member_start = base + pos
-            flag = hdr[156:157]
-            if flag in _REGULAR:
+            flag = buf[pos + 156]
+            if flag in _REGULAR_FLAGS:
                 if long_name is not None:
                     name = long_name
                 elif "path" in pax:
                     name = pax["path"]
                 else:
-                    name = hdr[0:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-                    if hdr[257:263] == b"ustar\0" and hdr[345] != 0:
-                        prefix = hdr[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                    nul = buf.find(b"\0", pos, pos + 100)
+                    name = buf[pos : nul if nul >= 0 else pos + 100].decode("utf-8", "surrogateescape")
+                    if buf[pos + 345] != 0 and buf[pos + 257 : pos + 263] == b"ustar\0":
+                        prefix = buf[pos + 345 : pos + 500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
                         name = f"{prefix}/{name}"
                 entries.append((name, member_start, pos + BLOCK, size))
                 long_name, pax, member_start = None, {}, None
-            elif flag == b"L":
+            elif flag == _LONGNAME:
                 long_name = buf[pos + BLOCK : data_end].split(b"\0", 1)[0].decode(
                     "utf-8", "surrogateescape"
                 )
-            elif flag == b"x":
+            elif flag == _PAX:
                 pax = _parse_pax(buf[pos + BLOCK : data_end], url, base + pos)
             else:  # directory, link, fifo, global pax header...: nothing to yield
                 long_name, pax, member_start = None, {}, None
