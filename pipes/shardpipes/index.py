@@ -115,7 +115,7 @@ def scan_samples(stream: IO[bytes], url: str, *, chunk_size: int = _CHUNK) -> It
         SampleFormatError: A member without an extension, a key that comes back after other
             keys, or a sample with two members of one extension; naming ``url``, key and offset.
 
-    Example:
+    Examples:
         >>> import io, tarfile
         >>> buf = io.BytesIO()
         >>> with tarfile.open(fileobj=buf, mode="w") as t:
@@ -174,7 +174,7 @@ class ShardInfo:
         offsets: Byte offset of each sample's first member header.
         sizes: Bytes from that offset to the end of the sample's last member's padded data.
 
-    Example:
+    Examples:
         >>> s = ShardInfo("/d/a.tar", 10240, ["x", "y"], [0, 2048], [2048, 1024])
         >>> s.num_samples, s.byte_range(0, 2)
         (2, (0, 3072))
@@ -218,7 +218,7 @@ def index_shard(
         ShardFormatError: Truncated or corrupt tar, naming the URL and byte offset.
         SampleFormatError: Members that do not form samples, naming the URL, key and offset.
 
-    Example:
+    Examples:
         >>> import tempfile, os
         >>> from shardpipes.synthetic import write_synthetic
         >>> [path] = write_synthetic(tempfile.mkdtemp(), shards=1, samples=3)
@@ -265,7 +265,7 @@ class ShardIndex:
         shards: The shards.
         source: The file the index was loaded from, or ``None`` for a built index.
 
-    Example:
+    Examples:
         >>> import tempfile, os
         >>> from shardpipes.synthetic import write_synthetic
         >>> d = tempfile.mkdtemp()
@@ -583,7 +583,7 @@ def build_index(
         ShardReadError, ShardFormatError, SampleFormatError: A shard cannot be read or parsed
             (as :func:`index_shard`); the message names its URL and byte offset.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> from shardpipes.synthetic import write_synthetic
         >>> paths = write_synthetic(tempfile.mkdtemp(), shards=3, samples=[2, 0, 5])
@@ -632,7 +632,7 @@ def default_index_url(urls: Sequence[str]) -> str:
     Raises:
         ValueError: No URLs, or shards on different filesystems (choose a location yourself).
 
-    Example:
+    Examples:
         >>> default_index_url(["/d/train-000000.tar", "/d/train-000001.tar"])
         '/d/train.index.json'
         >>> default_index_url(["s3://b/x/val-0003.tar"])
@@ -667,7 +667,7 @@ def find_index(
 ) -> str | None:
     """Return :func:`default_index_url` of ``urls`` if that file exists, else ``None``.
 
-    Example:
+    Examples:
         >>> import tempfile, os
         >>> from shardpipes.synthetic import write_synthetic
         >>> paths = write_synthetic(tempfile.mkdtemp(), shards=2, samples=1)
@@ -777,7 +777,7 @@ def open_range(
         ShardReadError: The shard cannot be opened, naming the URL.
         ShardFormatError: (on read) the shard ends inside the range: a stale index.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> from shardpipes.datapipes.iter._tarparse import iter_tar
         >>> from shardpipes.synthetic import write_synthetic

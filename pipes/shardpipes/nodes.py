@@ -148,7 +148,7 @@ def as_node(
     Returns:
         DataPipeNode: A node for ``torchdata.nodes.Loader`` or other nodes.
 
-    Example:
+    Examples:
         >>> from torchdata.nodes import Loader
         >>> from shardpipes.datapipes.iter import IterableWrapper
         >>> from shardpipes.nodes import as_node

@@ -89,7 +89,7 @@ def reader_index(rank: int, worker: int, *, world_size: int, num_workers: int) -
     Raises:
         ValueError: ``rank`` or ``worker`` out of range, naming the value and the range.
 
-    Example:
+    Examples:
         >>> reader_index(1, 2, world_size=2, num_workers=4)
         6
     """
@@ -115,7 +115,7 @@ def shard_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool = True)
     Raises:
         ValueError: A negative ``num_shards``, ``seed`` or ``epoch``.
 
-    Example:
+    Examples:
         >>> sorted(shard_order(5, seed=0, epoch=3))
         [0, 1, 2, 3, 4]
         >>> shard_order(3, seed=0, epoch=0, shuffle=False)
@@ -142,7 +142,7 @@ def positions_to_ranges(
     Raises:
         ValueError: ``stop < start``, or positions asked of an empty dataset.
 
-    Example:
+    Examples:
         >>> positions_to_ranges([3, 0, 4], [2, 1, 0], 2, 6)
         [SampleRange(shard=2, start=2, stop=4), SampleRange(shard=0, start=0, stop=2)]
         >>> positions_to_ranges([3], [0], 2, 5)  # past the end: wraps around
@@ -205,7 +205,7 @@ class Partition:
         dropped: Samples no reader reads this epoch (``"drop"``; always ``< len(readers)``).
         padded: Repeated samples read this epoch (``"pad"``; always ``< len(readers)``).
 
-    Example:
+    Examples:
         >>> p = partition_samples([5, 5], world_size=2, num_workers=0, shuffle=False)
         >>> p.reader(1, 0)
         (SampleRange(shard=1, start=0, stop=5),)
@@ -261,7 +261,7 @@ def partition_samples(
         ValueError: A negative count, ``world_size < 1``, or an unknown policy.
         TypeError: A count or topology value that is not an int.
 
-    Example:
+    Examples:
         >>> p = partition_samples([4, 3], world_size=2, num_workers=0, shuffle=False)
         >>> [list(r) for r in p.readers], p.dropped
         ([[SampleRange(shard=0, start=0, stop=3)], [SampleRange(shard=0, start=3, stop=4), SampleRange(shard=1, start=0, stop=2)]], 1)
@@ -352,7 +352,7 @@ def summarize(
         ValueError: ``len(readers)`` is not ``world_size * max(num_workers, 1)``, or a range
             with ``stop < start``.
 
-    Example:
+    Examples:
         >>> s = summarize([[(0, 0, 2)], [(0, 2, 3)], [], []], world_size=2, num_workers=2)
         >>> s.per_rank, s.idle
         ((3, 0), (2, 3))
@@ -412,7 +412,7 @@ def assign_shards(
         list[list[int]]: For each reader (rank-major, worker-minor), its shard numbers in
         reading order.
 
-    Example:
+    Examples:
         >>> assign_shards(5, world_size=2, num_workers=0, shuffle=False)
         [[0, 2, 4], [1, 3]]
     """

@@ -59,7 +59,7 @@ class ShardWriter:
         urls: The shards written so far.
         counts: Samples in each shard, in the same order.
 
-    Example:
+    Examples:
         >>> import tempfile, os
         >>> d = tempfile.mkdtemp()
         >>> with ShardWriter(os.path.join(d, "s-%03d.tar"), maxcount=2) as w:

@@ -100,7 +100,7 @@ def shard_urls(patterns: Iterable[str]) -> list[str]:
 def format_bytes(n: float) -> str:
     """Format a byte count with decimal units, as ``MB/s`` is reported.
 
-    Example:
+    Examples:
         >>> format_bytes(999), format_bytes(1_536_000), format_bytes(2e12)
         ('999 B', '1.5 MB', '2.0 TB')
     """

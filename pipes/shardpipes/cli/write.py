@@ -53,7 +53,7 @@ def parse_size(text: str) -> int:
     Raises:
         ValueError: Not a size, naming the text.
 
-    Example:
+    Examples:
         >>> parse_size("100MB"), parse_size("1GiB"), parse_size("512"), parse_size("1.5k")
         (100000000, 1073741824, 512, 1500)
     """

@@ -75,7 +75,7 @@ class DataLoader2(Generic[T]):
         datapipe: The graph.
         reading_service: How to run it. Default: :class:`InProcessReadingService`.
 
-    Example:
+    Examples:
         >>> from shardpipes.datapipes.iter import IterableWrapper
         >>> from shardpipes.dataloader2 import DataLoader2
         >>> with DataLoader2(IterableWrapper(range(6)).shuffle().batch(3)) as dl:

@@ -204,7 +204,7 @@ class MultiProcessingReadingService(ReadingServiceInterface):
     Raises:
         WorkerError: A worker died (killed by a signal, out of memory), naming it.
 
-    Example:
+    Examples:
         >>> from shardpipes.datapipes.iter import IterableWrapper
         >>> from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService
         >>> dp = IterableWrapper(range(8)).sharding_filter().batch(2)

@@ -25,322 +25,37 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from typing import Any
 
-from shardpipes.errors import ShardReadError
+from shardpipes.datapipes.iter._retry import (
+    ForbiddenShardError,
+    MissingShardError,
+    NotAFileError,
+    Redactor,
+    RetriesExhaustedError,
+    RetryPolicy,
+    ShortBody,
+    classify_error,
+    redact_url,
+)
 
 __all__ = [
     "ForbiddenShardError",
     "MissingShardError",
     "NotAFileError",
+    "Redactor",
     "RemoteStream",
     "RetriesExhaustedError",
     "RetryPolicy",
     "classify_error",
     "open_remote",
-    "Redactor",
     "redact_url",
 ]
 
 logger = logging.getLogger(__name__)
 
-Kind = Literal["missing", "forbidden", "transient", "fatal"]
-
-
-# --- errors ------------------------------------------------------------------------------------
-
-
-class _ReadErrorMixin(ShardReadError):
-    # ShardReadError.__reduce__ rebuilds the base class; keep the subclass across processes.
-    def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild, (type(self), str(self.strerror), self.url, self.offset, self.errno))
-
-
-def _rebuild(
-    cls: type[ShardReadError], message: str, url: str, offset: int | None, err: int
-) -> ShardReadError:
-    return cls(message, url=url, offset=offset, err=err)
-
-
-class MissingShardError(_ReadErrorMixin, FileNotFoundError):
-    """The URL names no file (or no bucket)."""
-
-
-class ForbiddenShardError(_ReadErrorMixin, PermissionError):
-    """Access to the URL is denied (401/403, bad or missing credentials)."""
-
-
-class NotAFileError(_ReadErrorMixin, IsADirectoryError):
-    """The URL names a directory."""
-
-
-class RetriesExhaustedError(_ReadErrorMixin):
-    """Transient errors (resets, time-outs, 5xx) went on past the configured retries."""
-
-
-# --- retry policy and error classification ------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How often and how patiently a read is retried.
-
-    Attributes:
-        retries: Retries per failing request after the first attempt (``0``: fail at once).
-        backoff: Seconds before the first retry; doubled for each further one.
-        max_backoff: Upper bound of one wait.
-        timeout: Seconds one request (one block) may take before it counts as failed, or
-            ``None`` for no limit.
-    """
-
-    retries: int = 5
-    backoff: float = 0.5
-    max_backoff: float = 30.0
-    timeout: float | None = 60.0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.retries, int) or self.retries < 0:
-            raise ValueError(f"retries should be a non-negative integer, got {self.retries!r}")
-        if self.backoff < 0 or self.max_backoff < 0:
-            raise ValueError(
-                f"backoff ({self.backoff!r}) and max_backoff ({self.max_backoff!r}) should be >= 0"
-            )
-        if self.timeout is not None and self.timeout <= 0:
-            raise ValueError(f"timeout should be a positive number of seconds or None, got {self.timeout!r}")
-
-    def delay(self, attempt: int) -> float:
-        """Seconds to wait after failed attempt number ``attempt`` (0-based)."""
-        return float(min(self.backoff * 2**attempt, self.max_backoff))
-
-
-# errno values that no retry can fix (s3fs maps S3 error codes onto these).
-_PERMANENT_ERRNOS = frozenset(
-    getattr(errno, name)
-    for name in ("ENOENT", "EACCES", "EPERM", "EISDIR", "ENOTDIR", "EINVAL", "ENOSYS",
-                 "ENAMETOOLONG", "EREMCHG", "EROFS", "EMSGSIZE")
-    if hasattr(errno, name)
-)  # fmt: skip
-# botocore's network-level exceptions (not builtins); its config errors stay fatal.
-_BOTO_TRANSIENT = frozenset(
-    {
-        "HTTPClientError",
-        "ConnectionError",
-        "EndpointConnectionError",
-        "ConnectTimeoutError",
-        "ReadTimeoutError",
-        "ConnectionClosedError",
-        "IncompleteReadError",
-        "ResponseStreamingError",
-        "ProxyConnectionError",
-    }
-)
-
-
-def _status(exc: BaseException) -> int | None:
-    """The HTTP status an exception carries: aiohttp, gcsfs ``HttpError``, botocore."""
-    for attr in ("status", "code"):
-        value = getattr(exc, attr, None)
-        if isinstance(value, int) and 100 <= value < 600:
-            return value
-    response = getattr(exc, "response", None)
-    if isinstance(response, Mapping):
-        code = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if isinstance(code, int):
-            return code
-    return None
-
-
-def _status_kind(status: int) -> Kind | None:
-    if status in (401, 403):
-        return "forbidden"
-    if status in (404, 410):
-        return "missing"
-    if status >= 500 or status in (408, 425, 429):
-        return "transient"
-    if status >= 400:
-        return "fatal"
-    return None
-
-
-def _transient_type(exc: BaseException) -> bool:
-    if isinstance(exc, OSError):  # includes TimeoutError, ConnectionError, requests' errors
-        return exc.errno not in _PERMANENT_ERRNOS
-    if isinstance(exc, (TimeoutError, EOFError, _ShortBody)):
-        return True
-    for cls in type(exc).__mro__:
-        mod = cls.__module__
-        if mod.startswith("aiohttp") and cls.__name__ == "ClientError":
-            return True  # payload errors, disconnects; statuses were handled before
-        if mod.startswith("http.client") and cls.__name__ == "HTTPException":
-            return True
-        if mod.startswith(("botocore", "aiobotocore")) and cls.__name__ in _BOTO_TRANSIENT:
-            return True
-    return False
-
-
-def classify_error(exc: BaseException) -> Kind:
-    """Sort a backend's exception into ``missing``, ``forbidden``, ``transient`` or ``fatal``.
-
-    Backends disagree on how they report the same failure: fsspec's HTTP filesystem turns any
-    failed ``info`` into ``FileNotFoundError`` with the real error as ``__cause__``; gcsfs
-    reports 403 as a plain ``OSError("Forbidden: ...")``; s3fs maps S3 codes onto errno values.
-    So statuses anywhere in the cause chain win, then the exception types.
-    """
-    seen: BaseException | None = exc
-    for _ in range(4):
-        if seen is None:
-            break
-        status = _status(seen)
-        kind = _status_kind(status) if status is not None else None
-        if kind is not None:
-            return kind
-        seen = seen.__cause__
-    if isinstance(exc, FileNotFoundError):
-        cause = exc.__cause__
-        if cause is None or isinstance(cause, FileNotFoundError):
-            return "missing"
-        # fsspec HTTP's info(): a refused connection or a time-out is worth a retry; anything
-        # else (aiohttp refusing the request, say) no retry can fix.
-        return "transient" if _transient_type(cause) else "fatal"
-    if isinstance(exc, PermissionError):
-        return "forbidden"
-    if isinstance(exc, OSError) and exc.errno is None and str(exc).startswith("Forbidden"):
-        return "forbidden"  # gcsfs
-    return "transient" if _transient_type(exc) else "fatal"
-
-
-# --- never print credentials --------------------------------------------------------------------
-
-_SECRET_WORDS = ("secret", "token", "password", "passwd", "key", "auth", "credential", "signature", "sig")
-
-
-def redact_url(url: str) -> str:
-    """Return ``url`` without a password in its authority or secrets in its query string.
-
-    Example:
-        >>> redact_url("https://user:pw@host/a.tar?X-Amz-Signature=abc&part=1")
-        'https://user:***@host/a.tar?X-Amz-Signature=***&part=1'
-    """
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, _, host = netloc.rpartition("@")
-        user, sep, _pw = userinfo.partition(":")
-        netloc = f"{user}:***@{host}" if sep else f"{user}@{host}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        if any(_is_secret_name(k) for k, _ in pairs):
-            query = urlencode([(k, "***" if _is_secret_name(k) else v) for k, v in pairs], safe="*")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
-def _is_secret_name(name: str) -> bool:
-    low = name.lower()
-    return any(word in low for word in _SECRET_WORDS)
-
-
-def secrets_of(url: str, storage_options: Mapping[str, Any] | None) -> list[str]:
-    """Strings that must never appear in a message: credential values and the raw URL's secrets."""
-    found: list[str] = []
-
-    def walk(obj: Any, secret: bool) -> None:
-        if isinstance(obj, Mapping):
-            for k, v in obj.items():
-                walk(v, secret or (isinstance(k, str) and _is_secret_name(k)))
-        elif isinstance(obj, (list, tuple)):
-            for v in obj:
-                walk(v, secret)
-        elif secret and isinstance(obj, str) and len(obj) >= 4:
-            found.append(obj)
-
-    walk(dict(storage_options or {}), False)
-    parts = urlsplit(url) if "://" in url else None
-    if parts is not None:
-        if parts.password:
-            found.append(parts.password)
-        found.extend(v for k, v in parse_qsl(parts.query) if _is_secret_name(k) and len(v) >= 4)
-    return sorted(set(found), key=len, reverse=True)
-
-
-class Redactor:
-    """Formats exceptions for messages without the URL's or the storage options' secrets."""
-
-    def __init__(self, url: str, storage_options: Mapping[str, Any] | None) -> None:
-        self.raw_url = url
-        self.url = redact_url(url)
-        self.secrets = secrets_of(url, storage_options)
-
-    def text(self, text: str) -> str:
-        """``text`` with the raw URL replaced by the redacted one and secrets by ``***``."""
-        if self.raw_url != self.url:
-            text = text.replace(self.raw_url, self.url)
-        for s in self.secrets:
-            text = text.replace(s, "***")
-        return text
-
-    def describe(self, exc: BaseException) -> str:
-        """``"Type: message"`` of ``exc`` (and of its direct cause), redacted."""
-
-        def one(e: BaseException) -> str:
-            return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-
-        text = one(exc)
-        if exc.__cause__ is not None:
-            text += f" (from {one(exc.__cause__)})"
-        return self.text(text)
-
-    def leaks(self, exc: BaseException) -> bool:
-        """Whether ``exc`` or its causes show a secret (then it is not chained to our error)."""
-        seen: BaseException | None = exc
-        for _ in range(8):
-            if seen is None:
-                return False
-            text = f"{seen} {seen.args!r}"
-            if self.raw_url != self.url and self.raw_url in text:
-                return True
-            if any(s in text for s in self.secrets):
-                return True
-            seen = seen.__cause__ or seen.__context__
-        return False
-
-    def error(self, exc: BaseException, kind: Kind, offset: int, attempts: int, spent: float) -> ShardReadError:
-        """The :class:`ShardReadError` subclass for ``kind``, naming URL and byte offset."""
-        what, url = self.describe(exc), self.url
-        if kind == "missing":
-            msg = f"{url}: no such file or bucket (at byte offset {offset}): {what}"
-            return MissingShardError(msg, url=url, offset=offset, err=errno.ENOENT)
-        if kind == "forbidden":
-            msg = f"{url}: access denied (at byte offset {offset}): {what}"
-            return ForbiddenShardError(msg, url=url, offset=offset, err=errno.EACCES)
-        if kind == "transient":
-            msg = (
-                f"{url}: read failed at byte offset {offset} after {attempts} attempts "
-                f"over {spent:.1f}s: {what}"
-            )
-            err = getattr(exc, "errno", None) or errno.EIO
-            return RetriesExhaustedError(msg, url=url, offset=offset, err=err)
-        msg = f"{url}: read failed at byte offset {offset}: {what}"
-        return ShardReadError(msg, url=url, offset=offset)
-
-    def raise_(self, exc: BaseException, kind: Kind, offset: int, attempts: int, spent: float) -> None:
-        """Raise :meth:`error`, chained to ``exc`` unless that would print a secret."""
-        err = self.error(exc, kind, offset, attempts, spent)
-        if self.leaks(exc):
-            raise err from None
-        raise err from exc
-
 
 # --- transports: how one range (or the next piece of a stream) is fetched ----------------------
-
-
-class _ShortBody(Exception):
-    """A range response ended before the requested length: the connection was cut."""
 
 
 class _RangesIgnored(Exception):
@@ -366,7 +81,12 @@ class _RangeTransport:
 
             # sync() wraps the coroutine in asyncio.wait_for: a time-out cancels the request.
             data = sync(
-                self.fs.loop, self.fs._cat_file, self.path, start=start, end=end, timeout=self.timeout
+                self.fs.loop,
+                self.fs._cat_file,
+                self.path,
+                start=start,
+                end=end,
+                timeout=self.timeout,
             )
         else:
             data = self.fs.cat_file(self.path, start=start, end=end)
@@ -374,7 +94,7 @@ class _RangeTransport:
             return bytes(data)
         if len(data) > length:
             raise _RangesIgnored(f"asked for {length} bytes, got {len(data)}")
-        raise _ShortBody(f"response ended after {len(data)} of {length} bytes")
+        raise ShortBody(f"response ended after {len(data)} of {length} bytes")
 
     def close(self) -> None:
         pass
@@ -410,11 +130,12 @@ class _StreamTransport:
                     self._f.seek(start)
                     self._pos = start
                 except (ValueError, OSError, io.UnsupportedOperation):
-                    while self._pos < start:  # no ranges: read and drop what was delivered
-                        skipped = self._read(min(length, start - self._pos))
-                        if not skipped:
-                            raise _ShortBody(f"stream ended at {self._pos} while skipping to {start}")
-                        self._pos += len(skipped)
+                    pass  # no ranges: read and drop what was delivered before
+                while self._pos < start:
+                    skipped = self._read(min(length, start - self._pos))
+                    if not skipped:
+                        raise ShortBody(f"stream ended at {self._pos} while skipping to {start}")
+                    self._pos += len(skipped)
         data = self._read(length)
         self._pos += len(data)
         return data
@@ -444,8 +165,18 @@ class _Prefetcher:
     After a failure or the end, no block past it is claimed.
     """
 
-    def __init__(self, stream: RemoteStream, base: int, threads: int, depth: int) -> None:
+    def __init__(
+        self,
+        stream: RemoteStream,
+        transport: _RangeTransport | _StreamTransport,
+        base: int,
+        threads: int,
+        depth: int,
+    ) -> None:
+        # The transport is fixed for the prefetcher's life: when the stream switches to another
+        # one, it starts a new prefetcher, and threads of the old one never touch the new one.
         self.stream = stream
+        self.transport = transport
         self.base = base
         self.depth = depth
         self.halt = threading.Event()  # set by stop(): no new requests, no more waiting
@@ -468,8 +199,16 @@ class _Prefetcher:
             self.threads.append(t)
             t.start()
 
+    def _start_of(self, idx: int) -> int | None:
+        """Offset of block ``idx``, or ``None`` past the end (sequential: not known ahead)."""
+        if self.transport.sequential:
+            return self.seq_pos
+        start = self.base + idx * self.stream._block_size
+        size = self.stream.size
+        return start if size is None or start < size else None
+
     def _past_end(self, idx: int) -> bool:
-        return (self.end is not None and idx >= self.end) or self.stream._start_of(self.base, idx) is None
+        return (self.end is not None and idx >= self.end) or self._start_of(idx) is None
 
     def _claim(self) -> int | None:
         with self.cond:
@@ -484,15 +223,15 @@ class _Prefetcher:
             return None
 
     def _run(self) -> None:
-        stream = self.stream
         while (idx := self._claim()) is not None:
             result: bytes | BaseException
             try:
-                if stream._transport.sequential:  # one thread: offsets follow the data
-                    result = stream._fetch_block(self.seq_pos, self.halt)
+                start = self._start_of(idx)
+                if start is None:
+                    return
+                result = self.stream._fetch_block(self.transport, start, self.halt)
+                if self.transport.sequential:  # one thread: offsets follow the data
                     self.seq_pos += len(result)
-                else:
-                    result = stream._fetch_block(stream._start_of(self.base, idx) or 0, self.halt)
             except BaseException as exc:  # handed to the consumer, raised at its position
                 result = exc
             with self.cond:
@@ -526,9 +265,10 @@ class _Prefetcher:
 class RemoteStream(io.RawIOBase):
     """A read-only, resumable file object over one remote object (made by :func:`open_remote`).
 
-    ``read(n)`` returns fewer than ``n`` bytes only at the end. ``seek`` works when the server
-    serves ranges (it restarts the read-ahead unless the target is in the current block). An
+    ``read(n)`` returns fewer than ``n`` bytes only at the end, or just before an error. An
     error is raised at the byte offset where the data stops, and again on every later read.
+    ``seek`` works when the server serves ranges (it restarts the read-ahead unless the
+    target is in the current block).
 
     Attributes:
         url: The URL, without credentials.
@@ -580,13 +320,6 @@ class RemoteStream(io.RawIOBase):
 
     # -- fetching --
 
-    def _start_of(self, base: int, idx: int) -> int | None:
-        """Offset of block ``idx`` counted from ``base``, or ``None`` past the end."""
-        if self._transport.sequential:
-            return base  # unknown ahead of time; the single thread tracks it
-        start = base + idx * self._block_size
-        return start if self.size is None or start < self.size else None
-
     def _restart(self, offset: int) -> None:
         if self._pf is not None:
             self._pf.stop()
@@ -594,13 +327,15 @@ class RemoteStream(io.RawIOBase):
         self._next_off = offset
         if self._readahead > 0:
             wide = self._probed and not self._transport.sequential and _is_async(self._fs)
-            self._pf = _Prefetcher(
-                self, offset, self._readahead if wide else 1, self._readahead if self._probed else 1
-            )
+            threads = self._readahead if wide else 1
+            depth = self._readahead if self._probed else 1
+            self._pf = _Prefetcher(self, self._transport, offset, threads, depth)
 
-    def _fetch_block(self, start: int, halt: threading.Event) -> bytes:
+    def _fetch_block(
+        self, transport: _RangeTransport | _StreamTransport, start: int, halt: threading.Event
+    ) -> bytes:
         """Fetch the block at ``start``, retrying transient failures; raise a ShardReadError."""
-        seq = self._transport.sequential
+        seq = transport.sequential
         length = self._block_size
         if self.size is not None:
             length = min(length, self.size - start)
@@ -613,9 +348,9 @@ class RemoteStream(io.RawIOBase):
             with self._lock:
                 self.attempts += 1
             try:
-                data = self._transport.fetch(start, length)
+                data = transport.fetch(start, length)
                 if seq and not data and self.size is not None:
-                    raise _ShortBody(f"stream ended at byte {start} of {self.size}")
+                    raise ShortBody(f"stream ended at byte {start} of {self.size}")
                 return data
             except _RangesIgnored:
                 raise
@@ -631,7 +366,7 @@ class RemoteStream(io.RawIOBase):
                     self._retry.retries + 1, wait,
                 )  # fmt: skip
                 if seq:
-                    self._transport.close()  # the next attempt reopens at `start`
+                    transport.close()  # the next attempt reopens at `start`
                 if halt.wait(wait):
                     raise ValueError(f"I/O operation on closed file ({self.url})") from None
                 attempt += 1
@@ -643,7 +378,7 @@ class RemoteStream(io.RawIOBase):
         if self._pf is None:  # readahead=0: fetch in the caller's thread
             result: bytes | BaseException
             try:
-                result = self._fetch_block(self._next_off, self._halt)
+                result = self._fetch_block(self._transport, self._next_off, self._halt)
             except BaseException as exc:
                 result = exc
         else:
@@ -696,7 +431,12 @@ class RemoteStream(io.RawIOBase):
         need = size - avail
         self._buf, self._buf_pos = b"", 0
         while need > 0:
-            block = self._next_block()
+            try:
+                block = self._next_block()
+            except Exception:
+                if parts and self._failed is not None:
+                    break  # hand over what arrived before the failure; the next read raises
+                raise
             if not block:
                 break
             if len(block) <= need:
@@ -740,7 +480,9 @@ class RemoteStream(io.RawIOBase):
         if offset == self._pos:
             return offset
         if self._transport.sequential:
-            raise io.UnsupportedOperation(f"{self.url}: the server does not serve ranges; cannot seek")
+            raise io.UnsupportedOperation(
+                f"{self.url}: the server does not serve ranges; cannot seek"
+            )
         block_start = self._pos - self._buf_pos
         if block_start <= offset < block_start + len(self._buf):
             self._buf_pos = offset - block_start

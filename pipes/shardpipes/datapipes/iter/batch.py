@@ -25,7 +25,7 @@ class InBatchShufflerIterDataPipe(StageIterDataPipe[list[T]]):
     Args:
         source_datapipe: Batches (sequences).
 
-    Example:
+    Examples:
         >>> from shardpipes.datapipes.iter import IterableWrapper
         >>> dp = IterableWrapper([[0, 1, 2, 3]]).in_batch_shuffle()
         >>> sorted(next(iter(dp)))
@@ -57,4 +57,3 @@ class InBatchShufflerIterDataPipe(StageIterDataPipe[list[T]]):
 
     def __len__(self) -> int:
         return len(self.source_datapipe)  # type: ignore[arg-type]
-

@@ -89,7 +89,20 @@ class _Image:
         return tensor.permute(2, 0, 1) if tensor.ndim == 3 else tensor
 
 
-IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "pgm", "pbm", "pnm", "webp", "bmp", "gif", "tif", "tiff")
+IMAGE_EXTENSIONS = (
+    "jpg",
+    "jpeg",
+    "png",
+    "ppm",
+    "pgm",
+    "pbm",
+    "pnm",
+    "webp",
+    "bmp",
+    "gif",
+    "tif",
+    "tiff",
+)
 
 #: Decoders by the last component of the extension. ``pt``/``pth`` load tensors with
 #: ``weights_only=True``; pickles are not decoded unless ``allow_pickle=True``.
@@ -131,7 +144,7 @@ class DecoderIterDataPipe(StageIterDataPipe[Sample]):
     Raises:
         DecodeError: A field could not be decoded; names the URL, key and field.
 
-    Example:
+    Examples:
         >>> from shardpipes.datapipes.iter import IterableWrapper
         >>> s = {"__key__": "a", "__url__": "u", ".cls": b"3", ".json": b'{"x": 1}', ".bin": b"\\x00"}
         >>> list(IterableWrapper([s]).decode())
@@ -148,12 +161,16 @@ class DecoderIterDataPipe(StageIterDataPipe[Sample]):
         handler: HandlerLike = "raise",
     ) -> None:
         if image not in ("pil", "numpy", "torch", None):
-            raise ValueError(f"image {image!r} is not known; must be one of 'pil', 'numpy', 'torch', None")
+            raise ValueError(
+                f"image {image!r} is not known; must be one of 'pil', 'numpy', 'torch', None"
+            )
         table = dict(DEFAULT_DECODERS)
         if image is not None:
             table.update(dict.fromkeys(IMAGE_EXTENSIONS, _Image(image)))
         if allow_pickle:
-            table.update({"pickle": _pickle, "pyd": _pickle, "pt": _torch_pickle, "pth": _torch_pickle})
+            table.update(
+                {"pickle": _pickle, "pyd": _pickle, "pt": _torch_pickle, "pth": _torch_pickle}
+            )
         for ext, fn in (decoders or {}).items():
             check_picklable_fn(fn, f"decoder for {ext!r}")
             table[ext.lstrip(".")] = fn  # "seg.png" must not replace every "png" decoder

@@ -38,10 +38,16 @@ def expand_braces(pattern: str) -> list[str]:
         elif "," in body:
             parts.append(body.split(","))
         else:
-            raise ValueError(f"{pattern!r}: brace {{{body}}} is neither a range a..b nor a list a,b")
+            raise ValueError(
+                f"{pattern!r}: brace {{{body}}} is neither a range a..b nor a list a,b"
+            )
         pos = m.end()
     parts.append([pattern[pos:]])
-    if "{" in pattern[pos:] or "}" in pattern[pos:] or any("{" in p[0] or "}" in p[0] for p in parts[::2]):
+    if (
+        "{" in pattern[pos:]
+        or "}" in pattern[pos:]
+        or any("{" in p[0] or "}" in p[0] for p in parts[::2])
+    ):
         raise ValueError(f"{pattern!r}: unbalanced or nested braces")
     return ["".join(p) for p in itertools.product(*parts)]
 
@@ -62,7 +68,7 @@ class ShardExpanderIterDataPipe(StageIterDataPipe[str]):
     Raises:
         ValueError: A malformed pattern, naming it.
 
-    Example:
+    Examples:
         >>> from shardpipes.datapipes.iter import IterableWrapper
         >>> list(IterableWrapper(["s3://b/t-{00..02}.tar"]).shard_expand())
         ['s3://b/t-00.tar', 's3://b/t-01.tar', 's3://b/t-02.tar']

@@ -75,7 +75,7 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
             to build one.
         KeyError: A shard URL that the index does not list.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> from shardpipes.index import build_index
         >>> from shardpipes.synthetic import write_synthetic
@@ -109,7 +109,10 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
         self._loaded: Any = None
 
     def apply_sharding(
-        self, num_of_instances: int, instance_id: int, sharding_group: SHARDING_PRIORITIES = SHARDING_PRIORITIES.DEFAULT
+        self,
+        num_of_instances: int,
+        instance_id: int,
+        sharding_group: SHARDING_PRIORITIES = SHARDING_PRIORITIES.DEFAULT,
     ) -> None:
         """Make this stage reader ``instance_id`` of ``num_of_instances`` for ``sharding_group``.
 
@@ -117,7 +120,9 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
         multiprocessing inner).
         """
         if not 0 <= instance_id < num_of_instances:
-            raise ValueError(f"instance_id({instance_id}) should be smaller than num_of_instances({num_of_instances})")
+            raise ValueError(
+                f"instance_id({instance_id}) should be smaller than num_of_instances({num_of_instances})"
+            )
         if sharding_group == SHARDING_PRIORITIES.DEFAULT:
             if self.groups and SHARDING_PRIORITIES.DEFAULT not in self.groups:
                 raise RuntimeError("ShardingGroup.DEFAULT cannot be mixed with other groups")

@@ -34,7 +34,7 @@ class HeaderIterDataPipe(StageIterDataPipe[T]):
         source_datapipe: The source.
         limit: How many items at most. Default: ``10``.
 
-    Example:
+    Examples:
         >>> from shardpipes.datapipes.iter import IterableWrapper
         >>> list(IterableWrapper(range(100)).header(3))
         [0, 1, 2]
@@ -65,7 +65,7 @@ class LengthSetterIterDataPipe(StageIterDataPipe[T]):
         source_datapipe: The source.
         length: The length ``len()`` reports; iteration stops after that many items.
 
-    Example:
+    Examples:
         >>> from shardpipes.datapipes.iter import IterableWrapper
         >>> dp = IterableWrapper(iter(range(10))).set_length(4)
         >>> len(dp), list(dp)
@@ -100,7 +100,7 @@ class CyclerIterDataPipe(StageIterDataPipe[T]):
     Raises:
         ValueError: The source is empty and ``count`` is ``None`` (that would spin forever).
 
-    Example:
+    Examples:
         >>> from shardpipes.datapipes.iter import IterableWrapper
         >>> list(IterableWrapper([1, 2]).cycle(3))
         [1, 2, 1, 2, 1, 2]
@@ -120,7 +120,9 @@ class CyclerIterDataPipe(StageIterDataPipe[T]):
                 yield item
             passes += 1
             if empty and self.count is None:
-                raise ValueError(f"cycle() over an empty source ({self.source_datapipe!r}) would never end")
+                raise ValueError(
+                    f"cycle() over an empty source ({self.source_datapipe!r}) would never end"
+                )
 
     def __len__(self) -> int:
         if self.count is None:
@@ -146,7 +148,7 @@ class FixedLengthIterDataPipe(StageIterDataPipe[T]):
     Raises:
         ValueError: The source yields nothing at all (no epoch of ``length > 0`` is possible).
 
-    Example:
+    Examples:
         >>> from shardpipes.datapipes.iter import IterableWrapper
         >>> dp = IterableWrapper(range(5)).fixed_length(3)
         >>> list(dp), list(dp), list(dp)

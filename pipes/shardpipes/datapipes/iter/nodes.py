@@ -25,7 +25,7 @@ class NodesAdapterIterDataPipe(StageIterDataPipe[Any]):
         source_datapipe: The source.
         build: A module-level callable (or ``functools.partial``) ``BaseNode -> BaseNode``.
 
-    Example:
+    Examples:
         >>> import functools
         >>> from torchdata.nodes import ParallelMapper
         >>> from shardpipes.datapipes.iter import IterableWrapper
@@ -34,7 +34,9 @@ class NodesAdapterIterDataPipe(StageIterDataPipe[Any]):
         [1, 2, 3]
     """
 
-    def __init__(self, source_datapipe: IterDataPipe[Any], build: Callable[[BaseNode[Any]], BaseNode[Any]]) -> None:
+    def __init__(
+        self, source_datapipe: IterDataPipe[Any], build: Callable[[BaseNode[Any]], BaseNode[Any]]
+    ) -> None:
         check_picklable_fn(build, "through_nodes build")
         self.source_datapipe = source_datapipe
         self.build = build

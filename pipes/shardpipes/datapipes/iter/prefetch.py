@@ -32,7 +32,7 @@ class PrefetcherIterDataPipe(StageIterDataPipe[T]):
         source_datapipe: The source.
         buffer_size: Items to keep ready. Default: ``10``.
 
-    Example:
+    Examples:
         >>> from shardpipes.datapipes.iter import IterableWrapper
         >>> list(IterableWrapper(range(5)).prefetch(2))
         [0, 1, 2, 3, 4]
@@ -105,7 +105,7 @@ class PinMemoryIterDataPipe(StageIterDataPipe[T]):
         pin_memory_fn: ``fn(item, device) -> item``. Default: torch's own, which walks dicts,
             lists, tuples and namedtuples.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from shardpipes.datapipes.iter import IterableWrapper
         >>> [t.shape for t in IterableWrapper([torch.zeros(2)]).pin_memory()]  # doctest: +SKIP

@@ -77,7 +77,7 @@ class FullSyncIterDataPipe(StageIterDataPipe[T]):
     Raises:
         WorkerError: Another rank failed or stopped answering within ``timeout``.
 
-    Example:
+    Examples:
         >>> from shardpipes.datapipes.iter import IterableWrapper
         >>> list(IterableWrapper(range(3)).fullsync())  # one process: passes through
         [0, 1, 2]
@@ -200,7 +200,9 @@ class ExactLengthIterDataPipe(StageIterDataPipe[T]):
         drop_last: That ``batch()``'s ``drop_last``.
     """
 
-    def __init__(self, source_datapipe: IterDataPipe[T], batch_size: int | None, drop_last: bool) -> None:
+    def __init__(
+        self, source_datapipe: IterDataPipe[T], batch_size: int | None, drop_last: bool
+    ) -> None:
         self.source_datapipe = source_datapipe
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -213,10 +215,14 @@ class ExactLengthIterDataPipe(StageIterDataPipe[T]):
         from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
 
         sharders = [
-            dp for dp in get_all_graph_pipes(traverse_dps(self.source_datapipe)) if isinstance(dp, IndexSharderIterDataPipe)
+            dp
+            for dp in get_all_graph_pipes(traverse_dps(self.source_datapipe))
+            if isinstance(dp, IndexSharderIterDataPipe)
         ]
         if len(sharders) != 1 or sharders[0].per_reader is None:
-            raise RuntimeError("exact length needs exactly one sharding_by_index stage, iterated first")
+            raise RuntimeError(
+                "exact length needs exactly one sharding_by_index stage, iterated first"
+            )
         per = sharders[0].per_reader
         if self.batch_size is None:
             return per

@@ -59,7 +59,7 @@ class TarArchiveLoaderIterDataPipe(StageIterDataPipe[tuple[str, TarMember]]):
         ShardFormatError: Empty, truncated or corrupt archive, naming the URL and byte offset.
         ShardReadError: Reading the stream failed (raised by the stream, naming the URL).
 
-    Example:
+    Examples:
         >>> import io, tarfile, tempfile, os
         >>> path = os.path.join(tempfile.mkdtemp(), "shard.tar")
         >>> with tarfile.open(path, "w") as t:

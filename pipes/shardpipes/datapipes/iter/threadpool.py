@@ -35,7 +35,7 @@ class ThreadPoolMapperIterDataPipe(StageIterDataPipe[Any]):
         scheduled_tasks: Items in flight at most. Default: ``128``.
         max_workers: Threads. Default: ``min(32, cpu count + 4)`` as ``ThreadPoolExecutor``.
 
-    Example:
+    Examples:
         >>> from shardpipes.datapipes.iter import IterableWrapper
         >>> list(IterableWrapper(["a", "bb"]).threadpool_map(len))
         [1, 2]
@@ -53,7 +53,9 @@ class ThreadPoolMapperIterDataPipe(StageIterDataPipe[Any]):
     ) -> None:
         check_picklable_fn(fn, "threadpool_map fn")
         if scheduled_tasks <= 0:
-            raise ValueError(f"scheduled_tasks should be a positive integer, got {scheduled_tasks!r}")
+            raise ValueError(
+                f"scheduled_tasks should be a positive integer, got {scheduled_tasks!r}"
+            )
         if output_col is not None and input_col is None:
             raise ValueError("output_col needs input_col")
         if isinstance(output_col, list | tuple):

@@ -52,7 +52,7 @@ class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
         SampleFormatError: A member with no extension, a key whose members are not adjacent,
             a repeated extension, or a missing required field; naming the URL and key.
 
-    Example:
+    Examples:
         >>> import io, tarfile, tempfile, os
         >>> path = os.path.join(tempfile.mkdtemp(), "shard.tar")
         >>> with tarfile.open(path, "w") as t:
