@@ -57,3 +57,16 @@ def test_member_names_with_dotdot_or_absolute_paths_are_only_keys(tmp_path):
     samples = list(IterableWrapper([str(path)]).open_files_by_fsspec().load_from_tar().webdataset())
     assert [s["__key__"] for s in samples] == ["../../etc/passwd", "/abs/olute", "ok"]
     assert set(os.listdir(tmp_path)) == before  # nothing was written anywhere
+
+
+def test_gzip_compressed_shard_says_so(tmp_path):
+    import gzip
+
+    from shardpipes.errors import ShardFormatError
+    from shardpipes.synthetic import write_synthetic
+
+    [path] = write_synthetic(tmp_path, shards=1, samples=3)
+    gz = tmp_path / "train-000000.tar.gz"
+    gz.write_bytes(gzip.compress(open(path, "rb").read()))
+    with pytest.raises(ShardFormatError, match=r"train-000000\.tar\.gz: is gzip-compressed"):
+        list(IterableWrapper([str(gz)]).open_files_by_fsspec().load_from_tar())

@@ -6,9 +6,9 @@ which contiguous sample ranges each reader reads in that epoch.
 
 How a partition is made:
 
-1. The shard order of the epoch is a permutation drawn from
-   ``numpy.random.SeedSequence([seed, epoch])``, identical on every rank (``shuffle=False``
-   keeps the given order).
+1. The shard order of the epoch is the one the loader's shard-level ``shuffle()`` gives,
+   seeded from ``numpy.random.SeedSequence([seed, epoch, 0, 0])``: identical on every rank,
+   new every epoch (``shuffle=False`` keeps the given order).
 2. The shards' samples are concatenated in that order into one sequence of ``total`` samples.
 3. The sequence is cut into ``readers = world_size * max(num_workers, 1)`` equal contiguous
    pieces, reader ``rank * max(num_workers, 1) + worker`` taking piece number ``reader``
@@ -30,11 +30,15 @@ simply split between readers.
 
 from __future__ import annotations
 
+import random
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+
+from shardpipes._seeds import DEFAULT_SHUFFLE_BUFFER, buffered_shuffle, derive_seed
 
 __all__ = [
     "POLICIES",
@@ -109,8 +113,11 @@ def reader_index(rank: int, worker: int, *, world_size: int, num_workers: int) -
 def shard_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool = True) -> list[int]:
     """Return the order of the shards in epoch ``epoch``: a permutation of ``range(num_shards)``.
 
-    Drawn from ``numpy.random.SeedSequence([seed, epoch])``, so it is the same on every rank
-    and worker and changes with the epoch. ``shuffle=False`` returns ``range(num_shards)``.
+    Exactly the order the loader reads when the graph's shard-level shuffle is its first random
+    stage from the source side, as in ``IterableWrapper(urls).shuffle().sharding_filter()``
+    (with ``shuffle()``'s default buffer): that stage is seeded with
+    ``SeedSequence([seed, epoch, 0, 0])`` on every rank and worker. ``shuffle=False`` returns
+    ``range(num_shards)``.
 
     Raises:
         ValueError: A negative ``num_shards``, ``seed`` or ``epoch``.
@@ -126,8 +133,8 @@ def shard_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool = True)
     epoch = _check_int("epoch", epoch, 0)
     if not shuffle:
         return list(range(num_shards))
-    rng = np.random.default_rng(np.random.SeedSequence([seed, epoch]))
-    return [int(i) for i in rng.permutation(num_shards)]
+    rng = random.Random(derive_seed([seed, epoch, 0, 0]))
+    return list(buffered_shuffle(range(num_shards), rng, DEFAULT_SHUFFLE_BUFFER))
 
 
 def positions_to_ranges(

@@ -9,8 +9,11 @@ parts, never by adding numbers:
 - stages *after* it (sample buffers): ``[seed, epoch, stage, 1, rank, worker]``, distinct per
   reader.
 
-``stage`` is the position of the stage in a depth-first walk of the graph from its output,
-which is the same in every process that holds a copy of the graph.
+``stage`` numbers the random stages from the source side of the graph (the reverse of a
+depth-first walk from the output), the same in every process that holds a copy of the graph.
+So in the usual graph, ``IterableWrapper(urls).shuffle().sharding_filter()...``, the
+shard-level shuffle is stage 0 whatever follows it, and ``shardpipes splits`` can preview its
+order.
 """
 
 from __future__ import annotations
@@ -19,14 +22,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter.sharding import _ShardingIterDataPipe
 from torch.utils.data.graph import DataPipeGraph, traverse_dps
 
-__all__ = ["SeedGenerator", "random_stages", "seed_graph"]
+from shardpipes._seeds import derive_seed
 
-_MASK63 = (1 << 63) - 1
+__all__ = ["SeedGenerator", "random_stages", "seed_graph"]
 
 
 @dataclass(frozen=True)
@@ -47,20 +49,15 @@ class SeedGenerator:
 
     def shared_seed(self, stage: int) -> int:
         """Seed for random stage ``stage`` before ``sharding_filter``: equal on all readers."""
-        return _draw([self.seed, self.epoch, stage, 0])
+        return derive_seed([self.seed, self.epoch, stage, 0])
 
     def reader_seed(self, stage: int) -> int:
         """Seed for random stage ``stage`` after ``sharding_filter``: distinct per reader."""
-        return _draw([self.seed, self.epoch, stage, 1, *self.path])
+        return derive_seed([self.seed, self.epoch, stage, 1, *self.path])
 
     def torch_seed(self) -> int:
         """Seed for the ``torch.Generator`` handed to worker processes (their global RNGs)."""
-        return _draw([self.seed, self.epoch, 2**32 - 1, *self.path])
-
-
-def _draw(entropy: list[int]) -> int:
-    words = np.random.SeedSequence([v & _MASK63 for v in entropy]).generate_state(2, np.uint32)
-    return (int(words[0]) << 31 | int(words[1])) & _MASK63
+        return derive_seed([self.seed, self.epoch, 2**32 - 1, *self.path])
 
 
 def _walk(graph: DataPipeGraph) -> Iterator[tuple[Any, bool]]:
@@ -91,6 +88,7 @@ def random_stages(datapipe: IterDataPipe[Any]) -> list[tuple[Any, bool]]:
             continue
         seen.add(id(dp))
         out.append((dp, after))
+    out.reverse()  # number from the source side
     return out
 
 

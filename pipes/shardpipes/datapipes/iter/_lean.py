@@ -24,6 +24,7 @@ from torch.utils.data.datapipes.iter import Batcher, Filter, Mapper, Shuffler
 from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import get_all_graph_pipes
 
+from shardpipes._seeds import buffered_shuffle
 from shardpipes.datapipes.iter._base import StageIterDataPipe
 
 __all__ = [
@@ -67,18 +68,7 @@ class LeanShufflerIterDataPipe(StageIterDataPipe[T]):
         # deterministic.
         rng.seed(self._seed if self._seed is not None else rng.getrandbits(63))
         self._seed = None
-        below = rng._randbelow  # what randint(0, n - 1) calls: the same draws, less overhead
-        size = self.buffer_size
-        buffer: list[T] = []
-        for x in self.datapipe:
-            if len(buffer) == size:
-                idx = below(size)
-                val, buffer[idx] = buffer[idx], x
-                yield val
-            else:
-                buffer.append(x)
-        while buffer:
-            yield buffer.pop(below(len(buffer)))
+        yield from buffered_shuffle(self.datapipe, rng, self.buffer_size)
 
     def __len__(self) -> int:
         return len(self.datapipe)  # type: ignore[arg-type]

@@ -28,6 +28,7 @@ _REGULAR = (b"0", b"\0", b"7")
 _REGULAR_FLAGS = frozenset(b"0\x007")  # the same type flags, as the ints bytes indexing gives
 _LONGNAME, _PAX = ord("L"), ord("x")
 _TERMINATORS = frozenset(b"\x00 ")
+_GZIP_MAGIC = b"\x1f\x8b"
 _DEFAULT_CHUNK = 1 << 20
 # Larger sizes cannot be read (``read(n)`` takes an ssize_t); only a corrupt header claims them.
 _MAX_SIZE = 1 << 62
@@ -168,6 +169,13 @@ def iter_tar(
         stored: list[int] = []
         end = False
         need = BLOCK
+        if base == 0 and pos == 0 and buf[:2] == _GZIP_MAGIC:
+            raise ShardFormatError(
+                f"{url}: is gzip-compressed (it starts with bytes 1f 8b); load_from_tar reads "
+                "uncompressed tar shards: decompress it (gunzip), or write shards uncompressed",
+                url=url,
+                offset=0,
+            )
         while len(buf) - pos >= BLOCK:
             # Fields are parsed in place from buf (no 512-byte header copy). The fast paths
             # take the usual encoding (11 octal digits + NUL or space); anything else (spaces,
