@@ -22,7 +22,9 @@ class RanksFailed(AssertionError):
     pass
 
 
-def _entry(fn: Callable[..., Any], rank: int, world: int, store: str, out: str, args: tuple) -> None:
+def _entry(
+    fn: Callable[..., Any], rank: int, world: int, store: str, out: str, args: tuple
+) -> None:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     result: tuple[str, Any]
     try:
@@ -54,7 +56,9 @@ def run_ranks(
     ctx = mp.get_context(start_method)
     with tempfile.TemporaryDirectory(prefix="shardpipes-dist-") as tmp:
         store, out = os.path.join(tmp, "store"), os.path.join(tmp, "result")
-        procs = [ctx.Process(target=_entry, args=(fn, r, world, store, out, args)) for r in range(world)]
+        procs = [
+            ctx.Process(target=_entry, args=(fn, r, world, store, out, args)) for r in range(world)
+        ]
         for p in procs:
             p.start()
         hung, signalled, nonzero = [], [], []

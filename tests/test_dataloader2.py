@@ -71,7 +71,10 @@ def no_children_left(deadline=10.0):
         pytest.param(InProcessReadingService, id="in-process"),
         pytest.param(lambda: MultiProcessingReadingService(num_workers=0), id="mp-0-workers"),
         pytest.param(lambda: MultiProcessingReadingService(num_workers=2), id="mp-2-workers"),
-        pytest.param(lambda: SequentialReadingService(MultiProcessingReadingService(num_workers=3)), id="seq-mp-3"),
+        pytest.param(
+            lambda: SequentialReadingService(MultiProcessingReadingService(num_workers=3)),
+            id="seq-mp-3",
+        ),
     ],
 )
 def test_every_sample_once_per_epoch_and_deterministic(shard_pattern, rs_factory):
@@ -155,7 +158,9 @@ def explode_on_13(x):
 def test_stage_error_in_worker_is_reraised_with_its_type_and_traceback():
     dp = IterableWrapper(range(40)).sharding_filter().map(explode_on_13).batch(2)
     with DataLoader2(dp, reading_service=MultiProcessingReadingService(num_workers=2)) as dl:
-        with pytest.raises(Boom, match=r"(?s)Caught Boom in DataLoader worker process 1.*bad sample 13"):
+        with pytest.raises(
+            Boom, match=r"(?s)Caught Boom in DataLoader worker process 1.*bad sample 13"
+        ):
             list(dl)
     assert no_children_left()
 
@@ -170,14 +175,18 @@ def test_killed_worker_gives_a_clear_error():
     dp = IterableWrapper(range(40)).sharding_filter().map(kill_self_on_7)
     t0 = time.monotonic()
     with DataLoader2(dp, reading_service=MultiProcessingReadingService(num_workers=2)) as dl:
-        with pytest.raises(WorkerError, match=r"worker process died.*(killed by signal|exited unexpectedly)"):
+        with pytest.raises(
+            WorkerError, match=r"worker process died.*(killed by signal|exited unexpectedly)"
+        ):
             list(dl)
     assert time.monotonic() - t0 < 60
     assert no_children_left()
 
 
 def test_shutdown_stops_workers_and_is_final(shard_pattern):
-    dl = DataLoader2(graph(shard_pattern), reading_service=MultiProcessingReadingService(num_workers=2))
+    dl = DataLoader2(
+        graph(shard_pattern), reading_service=MultiProcessingReadingService(num_workers=2)
+    )
     next(iter(dl))
     assert multiprocessing.active_children()
     dl.shutdown()
@@ -201,7 +210,9 @@ def test_user_graph_is_not_modified(shard_pattern):
 
 
 def test_distributed_service_without_process_group_names_the_fix():
-    dl = DataLoader2(IterableWrapper(range(3)).sharding_filter(), reading_service=DistributedReadingService())
+    dl = DataLoader2(
+        IterableWrapper(range(3)).sharding_filter(), reading_service=DistributedReadingService()
+    )
     with pytest.raises(RuntimeError, match="init_process_group"):
         list(dl)
 

@@ -68,28 +68,40 @@ def check_equal_and_disjoint(results, n_epochs, padded=False):
     coverage = []
     for e in range(n_epochs):
         per_rank = [r["epochs"][e] for r in results]
-        assert len({len(b) for b in per_rank}) == 1, f"epoch {e}: batch counts {[len(b) for b in per_rank]}"
+        assert len({len(b) for b in per_rank}) == 1, (
+            f"epoch {e}: batch counts {[len(b) for b in per_rank]}"
+        )
         own = [collections.Counter(x for b in batches for x in b) for batches in per_rank]
         for i in range(len(own)):
             for j in range(i + 1, len(own)):
-                assert not (own[i].keys() & own[j].keys()), f"epoch {e}: ranks {i} and {j} share samples"
+                assert not (own[i].keys() & own[j].keys()), (
+                    f"epoch {e}: ranks {i} and {j} share samples"
+                )
         if not padded:
-            assert all(c == 1 for counts in own for c in counts.values()), "a sample repeated within a rank"
+            assert all(c == 1 for counts in own for c in counts.values()), (
+                "a sample repeated within a rank"
+            )
         seen = set().union(*(c.keys() for c in own))
         assert seen <= set(range(TOTAL))
         coverage.append(len(seen) / TOTAL)
     return coverage
 
 
-@pytest.mark.parametrize(("world", "workers"), [(3, 2), (2, 0)], ids=["3ranks-2workers", "2ranks-0workers"])
+@pytest.mark.parametrize(
+    ("world", "workers"), [(3, 2), (2, 0)], ids=["3ranks-2workers", "2ranks-0workers"]
+)
 def test_stop_policy_equal_batches_disjoint_ranks(pattern, world, workers, capsys):
     results = run_ranks(run_epochs, world, pattern, workers, "stop", 2, 0)
     coverage = check_equal_and_disjoint(results, 2)
     with capsys.disabled():
-        print(f"\n[stop, R={world}, W={workers}] coverage per epoch: {[f'{c:.0%}' for c in coverage]}")
+        print(
+            f"\n[stop, R={world}, W={workers}] coverage per epoch: {[f'{c:.0%}' for c in coverage]}"
+        )
     assert all(0 < c <= 1 for c in coverage)
     for r in results:
-        assert r["stats"]["collectives"] <= 2 + len(r["epochs"][-1]) // 16 + 4  # chunks, not batches
+        assert (
+            r["stats"]["collectives"] <= 2 + len(r["epochs"][-1]) // 16 + 4
+        )  # chunks, not batches
 
 
 def test_pad_policy_covers_everything_with_equal_batches(pattern):
@@ -144,7 +156,10 @@ def test_error_on_one_rank_stops_the_others_without_hanging():
 
 
 def seeded_by_rank(rank, world):
-    with DataLoader2(IterableWrapper(range(8)).sharding_filter(), reading_service=DistributedReadingService(timeout=60)) as dl:
+    with DataLoader2(
+        IterableWrapper(range(8)).sharding_filter(),
+        reading_service=DistributedReadingService(timeout=60),
+    ) as dl:
         dl.seed(rank)
         return list(dl)
 

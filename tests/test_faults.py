@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import pathlib
 import signal
 import tarfile
 import time
@@ -42,7 +43,10 @@ def test_killed_rank_makes_the_others_fail_clearly_within_the_timeout():
     for r in (0, 2):
         kind, message, seconds = results[r]
         assert kind == "worker-error", results[r]
-        assert "could not agree on the epoch length" in message and "another rank probably died" in message
+        assert (
+            "could not agree on the epoch length" in message
+            and "another rank probably died" in message
+        )
         assert seconds < 30 + 20
 
 
@@ -67,6 +71,6 @@ def test_gzip_compressed_shard_says_so(tmp_path):
 
     [path] = write_synthetic(tmp_path, shards=1, samples=3)
     gz = tmp_path / "train-000000.tar.gz"
-    gz.write_bytes(gzip.compress(open(path, "rb").read()))
+    gz.write_bytes(gzip.compress(pathlib.Path(path).read_bytes()))
     with pytest.raises(ShardFormatError, match=r"train-000000\.tar\.gz: is gzip-compressed"):
         list(IterableWrapper([str(gz)]).open_files_by_fsspec().load_from_tar())

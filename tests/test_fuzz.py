@@ -50,10 +50,15 @@ def check(data: bytes) -> None:
 
 
 names = st.one_of(
-    st.sampled_from(["a.cls", "a.json", "a.txt", "b.cls", "b.npy", "noext", "a.cls", "d/e.f.json", ".hidden"]),
+    st.sampled_from(
+        ["a.cls", "a.json", "a.txt", "b.cls", "b.npy", "noext", "a.cls", "d/e.f.json", ".hidden"]
+    ),
     st.text(st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1, max_size=120),
 )
-payloads = st.one_of(st.binary(max_size=2000), st.sampled_from([b"12", b"{}", b'{"a": [1, 2]}', b"\x93NUMPY", b"x" * 700]))
+payloads = st.one_of(
+    st.binary(max_size=2000),
+    st.sampled_from([b"12", b"{}", b'{"a": [1, 2]}', b"\x93NUMPY", b"x" * 700]),
+)
 formats = st.sampled_from([tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
 
 
@@ -86,7 +91,9 @@ def test_mutated_tars_raise_only_our_errors(members, fmt, data):
         raw[i:i] = data.draw(st.binary(max_size=600))
     elif raw and action == "size":  # a size field that claims far more than the file holds
         block = data.draw(st.integers(0, max(len(raw) // 512 - 1, 0))) * 512
-        raw[block + 124 : block + 136] = data.draw(st.sampled_from([b"77777777777\0", b"\x80" + b"\xff" * 11]))
+        raw[block + 124 : block + 136] = data.draw(
+            st.sampled_from([b"77777777777\0", b"\x80" + b"\xff" * 11])
+        )
     check(bytes(raw))
 
 
@@ -105,16 +112,22 @@ def test_corpus_inputs_that_once_failed(path):
 def test_atheris_finds_nothing(tmp_path):
     atheris = pytest.importorskip("atheris", reason="atheris does not install on this platform")
     del atheris
+    import shutil
     import subprocess
     import sys
-
-    import shutil
 
     harness = pathlib.Path(__file__).parent / "fuzz_tar.py"
     corpus = tmp_path / "corpus"  # libFuzzer adds new inputs to its corpus: work on a copy
     shutil.copytree(CORPUS, corpus)
     proc = subprocess.run(
-        [sys.executable, str(harness), "-runs=30000", "-max_len=4096", f"-artifact_prefix={tmp_path}/", str(corpus)],
+        [
+            sys.executable,
+            str(harness),
+            "-runs=30000",
+            "-max_len=4096",
+            f"-artifact_prefix={tmp_path}/",
+            str(corpus),
+        ],
         capture_output=True,
         text=True,
         timeout=900,

@@ -79,7 +79,9 @@ def test_ranges_are_byte_spans_with_absolute_offsets(indexed):
 
 def test_missing_index_says_how_to_build_one(tmp_path):
     paths = write_synthetic(tmp_path, shards=2, samples=3)
-    with pytest.raises(FileNotFoundError, match=r"train\.index\.json: build it with `shardpipes index"):
+    with pytest.raises(
+        FileNotFoundError, match=r"train\.index\.json: build it with `shardpipes index"
+    ):
         list(IterableWrapper(paths).sharding_by_index())
 
 
@@ -105,7 +107,9 @@ def test_exact_length_plan_recognises_the_index_graph(indexed):
 
 
 def test_workers_of_one_rank_cover_the_epoch(indexed):
-    with DataLoader2(full_graph(indexed), reading_service=MultiProcessingReadingService(num_workers=2)) as dl:
+    with DataLoader2(
+        full_graph(indexed), reading_service=MultiProcessingReadingService(num_workers=2)
+    ) as dl:
         ids = [x for b in dl for x in b]
     assert len(ids) == 14 and sorted(ids) == list(range(14))
 
@@ -134,5 +138,7 @@ def test_three_ranks_with_fewer_shards_than_readers(tmp_path):
         assert len({len(b) for b in per_rank}) == 1
         seen = collections.Counter(x for batches in per_rank for b in batches for x in b)
         assert all(c == 1 for c in seen.values())
-        assert len(seen) == 36 and set(seen) <= set(range(37))  # 37 samples, 6 readers x 6, 1 dropped
+        assert len(seen) == 36 and set(seen) <= set(
+            range(37)
+        )  # 37 samples, 6 readers x 6, 1 dropped
     assert results[0]["epochs"][0] != results[0]["epochs"][1]

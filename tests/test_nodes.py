@@ -83,7 +83,8 @@ def test_state_of_another_seed_is_refused(shard_pattern):
 
 def test_workers_of_a_rank_split_the_shards(shard_pattern):
     parts = [
-        [x for b in Loader(as_node(graph(shard_pattern), worker=w, num_workers=2)) for x in b] for w in range(2)
+        [x for b in Loader(as_node(graph(shard_pattern), worker=w, num_workers=2)) for x in b]
+        for w in range(2)
     ]
     assert not set(parts[0]) & set(parts[1])
     assert sorted(parts[0] + parts[1]) == list(range(TOTAL))

@@ -76,15 +76,21 @@ def test_resume_continues_batch_for_batch(shard_pattern, workers):
 
 
 def test_state_is_small_and_strict(shard_pattern):
-    _, states = uninterrupted(graph(shard_pattern), MultiProcessingReadingService(num_workers=0), epochs=1)
+    _, states = uninterrupted(
+        graph(shard_pattern), MultiProcessingReadingService(num_workers=0), epochs=1
+    )
     assert len(pickle.dumps(states[5])) < 512
     dl = DataLoader2(graph(shard_pattern))
     bad = dict(states[5])
     del bad["consumed"]
     with pytest.raises(KeyError, match="consumed"):
         dl.load_state_dict(bad)
-    with pytest.raises(ValueError, match=r"saved with 1 rank\(s\) x 0 worker\(s\), this loader runs 1 x 2"):
-        DataLoader2(graph(shard_pattern), reading_service=MultiProcessingReadingService(num_workers=2)).load_state_dict(states[5])
+    with pytest.raises(
+        ValueError, match=r"saved with 1 rank\(s\) x 0 worker\(s\), this loader runs 1 x 2"
+    ):
+        DataLoader2(
+            graph(shard_pattern), reading_service=MultiProcessingReadingService(num_workers=2)
+        ).load_state_dict(states[5])
     with pytest.raises(ValueError, match="version"):
         dl.load_state_dict({**states[5], "version": 99})
 
@@ -101,7 +107,8 @@ def test_fixed_length_resume_after_first_epoch_is_refused():
 def rank_resume(rank, world, pattern, k):
     def rs():
         return SequentialReadingService(
-            DistributedReadingService(timeout=60), MultiProcessingReadingService(num_workers=2, multiprocessing_context="fork")
+            DistributedReadingService(timeout=60),
+            MultiProcessingReadingService(num_workers=2, multiprocessing_context="fork"),
         )
 
     batches, states = uninterrupted(graph(pattern), rs(), epochs=1)

@@ -57,7 +57,13 @@ def soak(rank, world, pattern):
                 rss[epoch], fds[epoch] = rss_kib(), open_fds()
         children_during = len(multiprocessing.active_children())
     children_after = len(multiprocessing.active_children())
-    return {"sizes": sizes, "rss": rss, "fds": fds, "during": children_during, "after": children_after}
+    return {
+        "sizes": sizes,
+        "rss": rss,
+        "fds": fds,
+        "during": children_during,
+        "after": children_after,
+    }
 
 
 @pytest.mark.distributed
@@ -74,7 +80,9 @@ def test_fifty_epochs_leak_nothing(tmp_path, capsys):
                 f"{r['rss'][4]} -> {r['rss'][EPOCHS - 1]}; fds {r['fds'][4]} -> {r['fds'][EPOCHS - 1]}"
             )
         per_worker = 400 // 2 // 2  # samples each of the 2 x 2 readers gets
-        assert r["sizes"] == [2 * -(-per_worker // 8)] * EPOCHS, "every epoch must have the same size"
+        assert r["sizes"] == [2 * -(-per_worker // 8)] * EPOCHS, (
+            "every epoch must have the same size"
+        )
         assert r["sizes"] == results[0]["sizes"], "ranks disagree on the epoch length"
         assert r["rss"][EPOCHS - 1] <= r["rss"][4] * 1.05 + 2048, "memory grew across epochs"
         assert r["fds"][EPOCHS - 1] <= r["fds"][4], "file descriptors leaked"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import pathlib
 
 import pytest
 
@@ -14,7 +15,7 @@ from shardpipes.synthetic import write_synthetic
 @pytest.fixture
 def damaged(tmp_path):
     paths = write_synthetic(tmp_path, shards=4, samples=20, payload_bytes=64)
-    raw = open(paths[1], "rb").read()
+    raw = pathlib.Path(paths[1]).read_bytes()
     with open(paths[1], "wb") as f:
         f.write(raw[: len(raw) // 2])  # cut on a member boundary: no end-of-archive marker
     return paths
@@ -31,7 +32,9 @@ def test_skipped_shard_is_counted_and_logged(damaged, workers, caplog):
         .batch(5)
     )
     with caplog.at_level(logging.INFO, logger="shardpipes"):
-        with DataLoader2(dp, reading_service=MultiProcessingReadingService(num_workers=workers)) as dl:
+        with DataLoader2(
+            dp, reading_service=MultiProcessingReadingService(num_workers=workers)
+        ) as dl:
             n = sum(len(b) for b in dl)
             stats = dl.stats()
     assert 60 <= n < 80
@@ -50,4 +53,6 @@ def test_clean_epoch_logs_at_info_with_no_skips(tmp_path, caplog):
         with DataLoader2(dp) as dl:
             assert len(list(dl)) == 10
             assert dl.stats()["skipped_shards"] == dl.stats()["skipped_samples"] == 0
-    assert any(r.levelno == logging.INFO and "epoch 0: 10 items" in r.getMessage() for r in caplog.records)
+    assert any(
+        r.levelno == logging.INFO and "epoch 0: 10 items" in r.getMessage() for r in caplog.records
+    )

@@ -30,11 +30,11 @@ def derive_seed(parts: Sequence[int]) -> int:
 
 
 def buffered_shuffle(items: Iterable[T], rng: random.Random, buffer_size: int) -> Iterator[T]:
-    """torch's ``shuffle()`` algorithm: a buffer of ``buffer_size``, ``randint`` draws from ``rng``.
+    """Torch's ``shuffle()`` algorithm: a buffer of ``buffer_size``, ``randint`` draws from ``rng``.
 
     The same ``rng`` state and buffer size give exactly the order torch's ``Shuffler`` gives.
     """
-    below = rng._randbelow  # what randint(0, n - 1) calls: the same draws, less overhead
+    below = rng._randbelow  # type: ignore[attr-defined]  # what randint(0, n - 1) calls: the same draws, less overhead
     buffer: list[T] = []
     for x in items:
         if len(buffer) == buffer_size:

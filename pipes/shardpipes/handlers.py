@@ -27,9 +27,9 @@ __all__ = ["HandlerLike", "SkipStats", "resolve_handler"]
 
 logger = logging.getLogger(__name__)
 
-HandlerLike: TypeAlias = Literal["raise", "warn_and_skip", "skip", "stop"] | Callable[
-    [BaseException], bool
-]
+HandlerLike: TypeAlias = (
+    Literal["raise", "warn_and_skip", "skip", "stop"] | Callable[[BaseException], bool]
+)
 
 _NAMES = ("raise", "warn_and_skip", "skip", "stop")
 

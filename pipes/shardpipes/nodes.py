@@ -41,7 +41,9 @@ class World:
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank({self.rank}) should be in [0, world_size({self.world_size}))")
         if not 0 <= self.worker < self.num_workers:
-            raise ValueError(f"worker({self.worker}) should be in [0, num_workers({self.num_workers}))")
+            raise ValueError(
+                f"worker({self.worker}) should be in [0, num_workers({self.num_workers}))"
+            )
 
     @classmethod
     def detect(cls) -> World:
@@ -60,7 +62,7 @@ class World:
         return gen
 
 
-class DataPipeNode(BaseNode[Any]):
+class DataPipeNode(BaseNode[Any]):  # type: ignore[misc]  # torchdata ships no type hints
     """A shardpipes graph as a ``torchdata.nodes.BaseNode``; build it with :func:`as_node`.
 
     Every ``reset()`` without a state starts a new epoch (with a new order); its state is
@@ -101,7 +103,9 @@ class DataPipeNode(BaseNode[Any]):
         for _ in itertools.islice(self._it, skip):
             self._consumed += 1
         if self._consumed < skip:
-            raise ValueError(f"node state says {skip} items were consumed, but epoch {self._epoch} has fewer")
+            raise ValueError(
+                f"node state says {skip} items were consumed, but epoch {self._epoch} has fewer"
+            )
 
     def next(self) -> Any:
         """Return the next item of the epoch."""
@@ -113,7 +117,11 @@ class DataPipeNode(BaseNode[Any]):
 
     def get_state(self) -> dict[str, Any]:
         """Return ``{"seed", "epoch", "consumed"}``."""
-        return {self.SEED_KEY: self.seed, self.EPOCH_KEY: self._epoch, self.CONSUMED_KEY: self._consumed}
+        return {
+            self.SEED_KEY: self.seed,
+            self.EPOCH_KEY: self._epoch,
+            self.CONSUMED_KEY: self._consumed,
+        }
 
 
 def as_node(
@@ -164,12 +172,17 @@ def as_node(
         num_workers=num_workers,
     )
     graph = lean_graph(copy.deepcopy(datapipe))
+    # apply_sharding configures the graph in place (it returns the same root).
     if world.world_size > 1:
-        graph = apply_sharding(graph, world.world_size, world.rank, SHARDING_PRIORITIES.DISTRIBUTED)
+        apply_sharding(graph, world.world_size, world.rank, SHARDING_PRIORITIES.DISTRIBUTED)
     if world.num_workers > 1:
-        graph = apply_sharding(graph, world.num_workers, world.worker, SHARDING_PRIORITIES.MULTIPROCESSING)
-    if equal_length is not None and world.world_size > 1 and not isinstance(graph, FullSyncIterDataPipe):
-        graph = FullSyncIterDataPipe(graph, timeout, policy=equal_length)  # type: ignore[arg-type]
+        apply_sharding(graph, world.num_workers, world.worker, SHARDING_PRIORITIES.MULTIPROCESSING)
+    if (
+        equal_length is not None
+        and world.world_size > 1
+        and not isinstance(graph, FullSyncIterDataPipe)
+    ):
+        graph = FullSyncIterDataPipe(graph, timeout, policy=equal_length)
     if not isinstance(graph, IterDataPipe):
         raise TypeError(f"as_node needs an IterDataPipe graph, got {type(graph).__name__}")
     return DataPipeNode(graph, world, seed)

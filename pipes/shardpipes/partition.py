@@ -31,7 +31,6 @@ simply split between readers.
 from __future__ import annotations
 
 import random
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple

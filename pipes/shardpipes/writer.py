@@ -100,8 +100,9 @@ class ShardWriter:
         parent = os.path.dirname(path)
         if parent:
             fs.makedirs(parent, exist_ok=True)
-        self._file = fs.open(path, "wb")
-        self._tar = tarfile.open(fileobj=self._file, mode="w|", format=tarfile.PAX_FORMAT)
+        self._file = fs.open(path, "wb")  # closed in _close_shard
+        # Open across write() calls, closed in _close_shard: no with-block can span them.
+        self._tar = tarfile.open(fileobj=self._file, mode="w|", format=tarfile.PAX_FORMAT)  # noqa: SIM115
         self.urls.append(url)
         self.counts.append(0)
         self._size = 0
@@ -113,12 +114,16 @@ class ShardWriter:
             raise ValueError(f"sample needs a non-empty str __key__, got {key!r}")
         if "." in key.rsplit("/", 1)[-1]:
             raise ValueError(f"key {key!r} has a dot in its basename; readers would split it there")
-        fields = [(ext, encode_value(ext, v)) for ext, v in sample.items() if not ext.startswith("__")]
+        fields = [
+            (ext, encode_value(ext, v)) for ext, v in sample.items() if not ext.startswith("__")
+        ]
         if not fields:
             raise ValueError(f"sample {key!r} has no fields")
         size = sum(len(data) for _, data in fields)
-        if self._tar is None or self.counts[-1] >= self.maxcount or (
-            self.counts[-1] and self._size + size > self.maxsize
+        if (
+            self._tar is None
+            or self.counts[-1] >= self.maxcount
+            or (self.counts[-1] and self._size + size > self.maxsize)
         ):
             self._next_shard()
         tar = self._tar

@@ -24,7 +24,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--shards", type=int, default=8, help="number of shards (default: 8)")
     p.add_argument("--samples", type=int, default=2000, help="samples per shard (default: 2000)")
     p.add_argument("--batch-size", type=int, default=64, help="batch size (default: 64)")
-    p.add_argument("--world", type=int, default=2, help="local ranks; 1 runs in this process (default: 2)")
+    p.add_argument(
+        "--world", type=int, default=2, help="local ranks; 1 runs in this process (default: 2)"
+    )
     p.add_argument("--workers", type=int, default=2, help="worker processes per rank (default: 2)")
     p.add_argument("--epochs", type=int, default=2, help="epochs (default: 2)")
     p.set_defaults(func=run)
@@ -54,7 +56,9 @@ def pipeline(pattern: str, batch_size: int) -> Any:
     )
 
 
-def _rank_main(rank: int, world: int, store: str, out: str, args: argparse.Namespace, pattern: str) -> None:
+def _rank_main(
+    rank: int, world: int, store: str, out: str, args: argparse.Namespace, pattern: str
+) -> None:
     import torch.distributed as dist
 
     from shardpipes.dataloader2 import (
@@ -72,7 +76,9 @@ def _rank_main(rank: int, world: int, store: str, out: str, args: argparse.Names
         services.insert(0, DistributedReadingService(timeout=300))
     epochs = []
     try:
-        with DataLoader2(pipeline(pattern, args.batch_size), reading_service=SequentialReadingService(*services)) as dl:
+        with DataLoader2(
+            pipeline(pattern, args.batch_size), reading_service=SequentialReadingService(*services)
+        ) as dl:
             for _ in range(args.epochs):
                 t0 = time.perf_counter()
                 keys: list[str] = []
@@ -80,7 +86,9 @@ def _rank_main(rank: int, world: int, store: str, out: str, args: argparse.Names
                 for batch in dl:
                     batches += 1
                     keys.extend(batch)
-                epochs.append({"keys": keys, "seconds": time.perf_counter() - t0, "batches": batches})
+                epochs.append(
+                    {"keys": keys, "seconds": time.perf_counter() - t0, "batches": batches}
+                )
     finally:
         if world > 1:
             dist.destroy_process_group()
@@ -100,15 +108,22 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         write_synthetic(tmp, shards=args.shards, samples=args.samples, payload_bytes=256)
         total = args.shards * args.samples
-        print(f"wrote {args.shards} shards x {args.samples} samples to {tmp} ({time.perf_counter() - t0:.1f} s)")
+        print(
+            f"wrote {args.shards} shards x {args.samples} samples to {tmp} ({time.perf_counter() - t0:.1f} s)"
+        )
         pattern = f"{tmp}/train-{{000000..{args.shards - 1:06d}}}.tar"
         store, out = os.path.join(tmp, "store"), os.path.join(tmp, "result")
-        print(f"streaming with {args.world} rank(s) x {args.workers} worker(s), {args.epochs} epoch(s)...")
+        print(
+            f"streaming with {args.world} rank(s) x {args.workers} worker(s), {args.epochs} epoch(s)..."
+        )
         if args.world == 1:
             _rank_main(0, 1, store, out, args, pattern)
         else:
             start_processes(  # type: ignore[no-untyped-call]
-                _rank_main, args=(args.world, store, out, args, pattern), nprocs=args.world, start_method="spawn"
+                _rank_main,
+                args=(args.world, store, out, args, pattern),
+                nprocs=args.world,
+                start_method="spawn",
             )
         results = []
         for rank in range(args.world):
@@ -124,7 +139,10 @@ def run(args: argparse.Namespace) -> int:
         shared = sum(1 for c in seen.values() if c > 1)
         seconds = max(r["seconds"] for r in per_rank)
         n = sum(len(r["keys"]) for r in per_rank)
-        counts = ", ".join(f"rank {i}: {len(r['keys'])} samples / {r['batches']} batches" for i, r in enumerate(per_rank))
+        counts = ", ".join(
+            f"rank {i}: {len(r['keys'])} samples / {r['batches']} batches"
+            for i, r in enumerate(per_rank)
+        )
         print(f"epoch {e}: {counts}")
         print(
             f"         samples on more than one rank: {shared}; covered {len(seen)}/{total}; "

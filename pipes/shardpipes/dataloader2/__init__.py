@@ -1,7 +1,6 @@
 """DataLoader2 and the reading services (torchdata 0.9's API, on today's torch)."""
 
 from shardpipes.dataloader2.dataloader2 import DataLoader2
-from shardpipes.dataloader2.seeding import SeedGenerator
 from shardpipes.dataloader2.reading_service import (
     DistributedReadingService,
     InProcessReadingService,
@@ -9,6 +8,7 @@ from shardpipes.dataloader2.reading_service import (
     ReadingServiceInterface,
     SequentialReadingService,
 )
+from shardpipes.dataloader2.seeding import SeedGenerator
 
 __all__ = [
     "DataLoader2",

@@ -35,7 +35,7 @@ def skips_from_dict(state: Mapping[str, Any]) -> SkipStats:
     return SkipStats(
         samples=int(state["samples"]),
         shards=int(state["shards"]),
-        examples=[tuple(e) for e in state["examples"]],  # type: ignore[misc]
+        examples=[tuple(e) for e in state["examples"]],
     )
 
 

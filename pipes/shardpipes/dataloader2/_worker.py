@@ -70,7 +70,10 @@ class WorkerDataset(IterableDataset[Any]):
         if not self._sharded:
             # Under 'fork' the graph object is shared copy-on-write; shard a private copy.
             sharded = apply_sharding(
-                copy.deepcopy(self.datapipe), num_workers, worker, SHARDING_PRIORITIES.MULTIPROCESSING
+                copy.deepcopy(self.datapipe),
+                num_workers,
+                worker,
+                SHARDING_PRIORITIES.MULTIPROCESSING,
             )
             if not isinstance(sharded, IterDataPipe):
                 raise TypeError(f"expected an IterDataPipe graph, got {type(sharded).__name__}")

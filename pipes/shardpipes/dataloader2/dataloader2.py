@@ -12,7 +12,6 @@ from typing import Any, Generic, TypeVar
 import torch.distributed as dist
 from torch.utils.data import IterDataPipe
 
-from shardpipes.dataloader2.seeding import SeedGenerator
 from shardpipes.dataloader2.reading_service import (
     DistributedReadingService,
     InProcessReadingService,
@@ -20,6 +19,7 @@ from shardpipes.dataloader2.reading_service import (
     ReadingServiceInterface,
     SequentialReadingService,
 )
+from shardpipes.dataloader2.seeding import SeedGenerator
 from shardpipes.datapipes.iter._lean import lean_graph
 from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe
 from shardpipes.errors import ShardingWarning
@@ -52,7 +52,10 @@ def _carries_across_epochs(datapipe: IterDataPipe[Any]) -> bool:
 
     from shardpipes.datapipes.iter.length import FixedLengthIterDataPipe
 
-    return any(isinstance(dp, FixedLengthIterDataPipe) for dp in get_all_graph_pipes(traverse_dps(datapipe)))
+    return any(
+        isinstance(dp, FixedLengthIterDataPipe)
+        for dp in get_all_graph_pipes(traverse_dps(datapipe))
+    )
 
 
 def _topology(rs: ReadingServiceInterface) -> tuple[int, int]:
@@ -60,7 +63,10 @@ def _topology(rs: ReadingServiceInterface) -> tuple[int, int]:
     world = 1
     if _uses(rs, DistributedReadingService) and dist.is_available() and dist.is_initialized():
         world = dist.get_world_size()
-    workers = max((s.num_workers for s in _services(rs) if isinstance(s, MultiProcessingReadingService)), default=0)
+    workers = max(
+        (s.num_workers for s in _services(rs) if isinstance(s, MultiProcessingReadingService)),
+        default=0,
+    )
     return world, workers
 
 
@@ -100,7 +106,9 @@ class DataLoader2(Generic[T]):
         if not isinstance(datapipe, IterDataPipe):
             raise TypeError(f"DataLoader2 needs an IterDataPipe, got {type(datapipe).__name__}")
         self.datapipe = datapipe
-        self.reading_service = reading_service if reading_service is not None else InProcessReadingService()
+        self.reading_service = (
+            reading_service if reading_service is not None else InProcessReadingService()
+        )
         self._seed = 0
         self._epoch = 0
         self._graph: IterDataPipe[T] | None = None
@@ -144,19 +152,20 @@ class DataLoader2(Generic[T]):
         self._active = self._run(self._graph, generator, skip)
         return self._active
 
-    def _run(self, graph: IterDataPipe[T], generator: SeedGenerator, skip: int) -> Generator[T, None, None]:
+    def _run(
+        self, graph: IterDataPipe[T], generator: SeedGenerator, skip: int
+    ) -> Generator[T, None, None]:
         self._current, self._consumed = generator, skip
         self.reading_service.initialize_iteration(generator)
         try:
             it = iter(graph)
-            if skip:
-                # Replay: the epoch is deterministic, so the items after the first `skip` are
-                # exactly those the interrupted run would have yielded next.
-                if sum(1 for _ in itertools.islice(it, skip)) < skip:
-                    raise ValueError(
-                        f"the restored state says {skip} items of epoch {generator.epoch} were "
-                        "consumed, but this epoch has fewer: is it the same graph and data?"
-                    )
+            # Replay: the epoch is deterministic, so the items after the first `skip` are
+            # exactly those the interrupted run would have yielded next.
+            if skip and sum(1 for _ in itertools.islice(it, skip)) < skip:
+                raise ValueError(
+                    f"the restored state says {skip} items of epoch {generator.epoch} were "
+                    "consumed, but this epoch has fewer: is it the same graph and data?"
+                )
             for item in it:
                 self._consumed += 1
                 yield item
@@ -195,7 +204,9 @@ class DataLoader2(Generic[T]):
             stats["yielded"],
             stats["skipped_samples"],
             stats["skipped_shards"],
-            f" (first: {stats['skipped_examples'][0][0]}: {stats['skipped_examples'][0][1]})" if skipped else "",
+            f" (first: {stats['skipped_examples'][0][0]}: {stats['skipped_examples'][0][1]})"
+            if skipped
+            else "",
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -254,7 +265,11 @@ class DataLoader2(Generic[T]):
         if self._active is not None:
             self._active.close()
             self._active = None
-        self._seed, self._epoch, self._skip = int(state["seed"]), int(state["epoch"]), int(state["consumed"])
+        self._seed, self._epoch, self._skip = (
+            int(state["seed"]),
+            int(state["epoch"]),
+            int(state["consumed"]),
+        )
 
     def shutdown(self) -> None:
         """End the current epoch, stop workers and release process groups. Idempotent."""

@@ -86,7 +86,9 @@ class ReadingServiceInterface(ABC):
 
 
 def _has_sharding(datapipe: IterDataPipe[Any]) -> bool:
-    return any(isinstance(dp, _ShardingIterDataPipe) for dp in get_all_graph_pipes(traverse_dps(datapipe)))
+    return any(
+        isinstance(dp, _ShardingIterDataPipe) for dp in get_all_graph_pipes(traverse_dps(datapipe))
+    )
 
 
 def _warn_unsharded(datapipe: IterDataPipe[Any], readers: int, who: str) -> None:
@@ -320,8 +322,10 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         gen = self._generator
         where = f"rank {gen.path[0]}" if gen is not None and gen.path else ""
         text = str(exc)
-        if isinstance(exc, RuntimeError) and "DataLoader worker" in text and (
-            "exited unexpectedly" in text or "killed by signal" in text
+        if (
+            isinstance(exc, RuntimeError)
+            and "DataLoader worker" in text
+            and ("exited unexpectedly" in text or "killed by signal" in text)
         ):
             err = WorkerError(f"{where + ': ' if where else ''}a worker process died: {text}")
             err.__cause__ = exc
@@ -375,7 +379,9 @@ class DistributedReadingService(ReadingServiceInterface):
         WorkerError: Another rank died, failed or disagreed on the seed.
     """
 
-    def __init__(self, timeout: float = 1800, *, policy: Policy = "stop", sync_every: int = 16) -> None:
+    def __init__(
+        self, timeout: float = 1800, *, policy: Policy = "stop", sync_every: int = 16
+    ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout should be positive, got {timeout!r}")
         if policy not in ("stop", "pad"):
@@ -399,12 +405,18 @@ class DistributedReadingService(ReadingServiceInterface):
         timeout = datetime.timedelta(seconds=self.timeout)
         # Our collectives are on small CPU tensors: use gloo even when training uses NCCL.
         self._group = (
-            None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
+            None
+            if dist.get_backend() == "gloo"
+            else dist.new_group(backend="gloo", timeout=timeout)
         )
         _warn_unsharded(datapipe, self._world_size, "DistributedReadingService")
         apply_sharding(datapipe, self._world_size, self._rank, SHARDING_PRIORITIES.DISTRIBUTED)
         tail, core = _split_tail(datapipe)
-        plan = None if any(isinstance(t, FullSyncIterDataPipe) for t in tail) else exact_length_plan(core)
+        plan = (
+            None
+            if any(isinstance(t, FullSyncIterDataPipe) for t in tail)
+            else exact_length_plan(core)
+        )
         if plan is not None:
             # With an index every rank's length is known: guard it in place of fullsync, so an
             # epoch costs one collective (the seed check below), not one per chunk.

@@ -63,7 +63,7 @@ class SeedGenerator:
 def _walk(graph: DataPipeGraph) -> Iterator[tuple[Any, bool]]:
     # graph maps id -> (datapipe, subgraph of its sources). A stage is "after sharding" when a
     # sharding stage lies between it and the sources, i.e. somewhere in its own subgraph.
-    for _, (dp, sources) in graph.items():
+    for dp, sources in graph.values():
         below = _has_sharding(sources)
         yield dp, below
         yield from _walk(sources)

@@ -41,7 +41,9 @@ T = TypeVar("T")
 class LeanShufflerIterDataPipe(StageIterDataPipe[T]):
     """torch's ``Shuffler`` without the per-element hook (same seed, same order)."""
 
-    def __init__(self, datapipe: IterDataPipe[T], buffer_size: int, enabled: bool, seed: int | None) -> None:
+    def __init__(
+        self, datapipe: IterDataPipe[T], buffer_size: int, enabled: bool, seed: int | None
+    ) -> None:
         self.datapipe = datapipe
         self.buffer_size = buffer_size
         self._enabled = enabled
@@ -71,13 +73,15 @@ class LeanShufflerIterDataPipe(StageIterDataPipe[T]):
         yield from buffered_shuffle(self.datapipe, rng, self.buffer_size)
 
     def __len__(self) -> int:
-        return len(self.datapipe)  # type: ignore[arg-type]
+        return len(self.datapipe)
 
 
 class LeanBatcherIterDataPipe(StageIterDataPipe[Any]):
     """torch's ``Batcher`` without the per-element hook."""
 
-    def __init__(self, datapipe: IterDataPipe[Any], batch_size: int, drop_last: bool, wrapper_class: Any) -> None:
+    def __init__(
+        self, datapipe: IterDataPipe[Any], batch_size: int, drop_last: bool, wrapper_class: Any
+    ) -> None:
         self.datapipe = datapipe
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -95,7 +99,7 @@ class LeanBatcherIterDataPipe(StageIterDataPipe[Any]):
             yield wrap(batch)
 
     def __len__(self) -> int:
-        n = len(self.datapipe)  # type: ignore[arg-type]
+        n = len(self.datapipe)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
 
@@ -112,7 +116,7 @@ class LeanMapperIterDataPipe(StageIterDataPipe[Any]):
             yield fn(x)
 
     def __len__(self) -> int:
-        return len(self.datapipe)  # type: ignore[arg-type]
+        return len(self.datapipe)
 
 
 class LeanFilterIterDataPipe(StageIterDataPipe[T]):
@@ -127,7 +131,9 @@ class LeanFilterIterDataPipe(StageIterDataPipe[T]):
         for x in self.datapipe:
             keep = fn(x)
             if not isinstance(keep, bool):
-                raise ValueError(f"Boolean output is required for `filter_fn` of FilterIterDataPipe, got {type(keep)}")
+                raise ValueError(
+                    f"Boolean output is required for `filter_fn` of FilterIterDataPipe, got {type(keep)}"
+                )
             if keep:
                 yield x
 

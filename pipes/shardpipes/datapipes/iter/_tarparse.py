@@ -221,15 +221,23 @@ def iter_tar(
                     name = pax["path"]
                 else:
                     nul = buf.find(b"\0", pos, pos + 100)
-                    name = buf[pos : nul if nul >= 0 else pos + 100].decode("utf-8", "surrogateescape")
+                    name = buf[pos : nul if nul >= 0 else pos + 100].decode(
+                        "utf-8", "surrogateescape"
+                    )
                     if buf[pos + 345] != 0 and buf[pos + 257 : pos + 263] == b"ustar\0":
-                        prefix = buf[pos + 345 : pos + 500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                        prefix = (
+                            buf[pos + 345 : pos + 500]
+                            .split(b"\0", 1)[0]
+                            .decode("utf-8", "surrogateescape")
+                        )
                         name = f"{prefix}/{name}"
                 entries.append((name, member_start, pos + BLOCK, size))
                 long_name, pax, member_start = None, {}, None
             elif flag == _LONGNAME:
-                long_name = buf[pos + BLOCK : data_end].split(b"\0", 1)[0].decode(
-                    "utf-8", "surrogateescape"
+                long_name = (
+                    buf[pos + BLOCK : data_end]
+                    .split(b"\0", 1)[0]
+                    .decode("utf-8", "surrogateescape")
                 )
             elif flag == _PAX:
                 pax = _parse_pax(buf[pos + BLOCK : data_end], url, base + pos)

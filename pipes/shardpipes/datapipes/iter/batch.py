@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from torch.utils.data import IterDataPipe
 
@@ -56,4 +56,4 @@ class InBatchShufflerIterDataPipe(StageIterDataPipe[list[T]]):
             yield items
 
     def __len__(self) -> int:
-        return len(self.source_datapipe)  # type: ignore[arg-type]
+        return len(self.source_datapipe)

@@ -57,7 +57,7 @@ def _torch_pickle(data: bytes) -> Any:
 def _pickle(data: bytes) -> Any:
     import pickle
 
-    return pickle.loads(data)  # noqa: S301 - only with allow_pickle=True, which the user chose
+    return pickle.loads(data)
 
 
 class _Image:
@@ -118,7 +118,7 @@ DEFAULT_DECODERS: dict[str, Callable[[bytes], Any]] = {
 
 @register("decode")
 class DecoderIterDataPipe(StageIterDataPipe[Sample]):
-    """Decode the fields of each sample according to their extension (functional name: ``decode``).
+    r"""Decode the fields of each sample according to their extension (functional name: ``decode``).
 
     The decoder is chosen by the last component of the field's extension (``.seg.png`` uses the
     ``png`` decoder): ``cls``/``id``/... to ``int``, ``txt`` to ``str``, ``json`` to Python
@@ -146,9 +146,9 @@ class DecoderIterDataPipe(StageIterDataPipe[Sample]):
 
     Examples:
         >>> from shardpipes.datapipes.iter import IterableWrapper
-        >>> s = {"__key__": "a", "__url__": "u", ".cls": b"3", ".json": b'{"x": 1}', ".bin": b"\\x00"}
+        >>> s = {"__key__": "a", "__url__": "u", ".cls": b"3", ".json": b'{"x": 1}', ".bin": b"\x00"}
         >>> list(IterableWrapper([s]).decode())
-        [{'__key__': 'a', '__url__': 'u', '.cls': 3, '.json': {'x': 1}, '.bin': b'\\x00'}]
+        [{'__key__': 'a', '__url__': 'u', '.cls': 3, '.json': {'x': 1}, '.bin': b'\x00'}]
     """
 
     def __init__(

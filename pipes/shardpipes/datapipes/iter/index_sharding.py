@@ -39,6 +39,7 @@ class ShardRange(str):
     size: int
 
     def __new__(cls, url: str, start: int, stop: int, offset: int, size: int) -> ShardRange:
+        """Make the range ``[start, stop)`` of ``url``, spanning bytes ``[offset, offset + size)``."""
         obj = super().__new__(cls, url)
         obj.start, obj.stop, obj.offset, obj.size = start, stop, offset, size
         return obj
@@ -108,7 +109,7 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
         self.per_reader: int | None = None  # samples per reader in the current epoch
         self._loaded: Any = None
 
-    def apply_sharding(
+    def apply_sharding(  # type: ignore[override]  # torch's base declares it abstract (-> Never)
         self,
         num_of_instances: int,
         instance_id: int,

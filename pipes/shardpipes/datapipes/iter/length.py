@@ -54,7 +54,7 @@ class HeaderIterDataPipe(StageIterDataPipe[T]):
                 return
 
     def __len__(self) -> int:
-        return min(self.limit, len(self.source_datapipe))  # type: ignore[arg-type]
+        return min(self.limit, len(self.source_datapipe))
 
 
 @register("set_length")
@@ -127,7 +127,7 @@ class CyclerIterDataPipe(StageIterDataPipe[T]):
     def __len__(self) -> int:
         if self.count is None:
             raise TypeError(f"{type(self).__name__} instance doesn't have valid length")
-        return self.count * len(self.source_datapipe)  # type: ignore[arg-type]
+        return self.count * len(self.source_datapipe)
 
 
 @register("fixed_length")
@@ -185,6 +185,6 @@ class FixedLengthIterDataPipe(StageIterDataPipe[T]):
         return self.length
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(super().__getstate__())
+        state = dict(super().__getstate__())  # type: ignore[no-untyped-call]
         state["_it"] = None  # a live iterator does not pickle; a copy starts from the beginning
         return state

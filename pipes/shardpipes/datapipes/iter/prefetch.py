@@ -53,7 +53,7 @@ class PrefetcherIterDataPipe(StageIterDataPipe[T]):
                 try:
                     q.put(entry, timeout=_POLL)
                     return True
-                except queue.Full:
+                except queue.Full:  # noqa: PERF203 - the poll that lets a stopped consumer end us
                     continue
             return False
 
@@ -89,7 +89,7 @@ class PrefetcherIterDataPipe(StageIterDataPipe[T]):
             thread.join()
 
     def __len__(self) -> int:
-        return len(self.source_datapipe)  # type: ignore[arg-type]
+        return len(self.source_datapipe)
 
 
 @register("pin_memory")
@@ -141,4 +141,4 @@ class PinMemoryIterDataPipe(StageIterDataPipe[T]):
             yield fn(item, self.device)
 
     def __len__(self) -> int:
-        return len(self.source_datapipe)  # type: ignore[arg-type]
+        return len(self.source_datapipe)

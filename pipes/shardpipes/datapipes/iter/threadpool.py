@@ -105,4 +105,4 @@ class ThreadPoolMapperIterDataPipe(StageIterDataPipe[Any]):
                     fut.cancel()
 
     def __len__(self) -> int:
-        return len(self.source_datapipe)  # type: ignore[arg-type]
+        return len(self.source_datapipe)
