@@ -142,3 +142,26 @@ def test_three_ranks_with_fewer_shards_than_readers(tmp_path):
             range(37)
         )  # 37 samples, 6 readers x 6, 1 dropped
     assert results[0]["epochs"][0] != results[0]["epochs"][1]
+
+
+def test_fixed_length_without_a_length_takes_it_from_the_index(indexed):
+    dp = (
+        IterableWrapper(indexed)
+        .sharding_by_index()
+        .open_files_by_fsspec()
+        .load_from_tar()
+        .webdataset()
+        .decode()
+        .map(sample_id)
+        .batch(2)
+        .fixed_length()
+    )
+    apply_sharding(dp, 3, 1)  # 14 samples over 3 readers: 4 each, in batches of 2
+    assert [len(b) for b in dp] == [2, 2]
+    with pytest.raises(TypeError, match="comes from the index"):
+        len(dp)
+
+
+def test_fixed_length_without_a_length_needs_the_index():
+    with pytest.raises(ValueError, match="needs sharding_by_index upstream"):
+        list(IterableWrapper(range(3)).fixed_length())

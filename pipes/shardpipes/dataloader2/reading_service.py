@@ -23,7 +23,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.utils.data import IterDataPipe
-from torch.utils.data.datapipes.iter import Batcher, Mapper, Shuffler
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, _ShardingIterDataPipe
 from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import apply_sharding, get_all_graph_pipes
@@ -31,20 +30,9 @@ from torch.utils.data.graph_settings import apply_sharding, get_all_graph_pipes
 from shardpipes.dataloader2._stats import graph_skips, merge_skips, skips_from_dict
 from shardpipes.dataloader2._worker import EpochSlot, WorkerDataset, WorkerPoolIterDataPipe
 from shardpipes.dataloader2.seeding import SeedGenerator, seed_graph
-from shardpipes.datapipes.iter._lean import (
-    LeanBatcherIterDataPipe,
-    LeanMapperIterDataPipe,
-    LeanShufflerIterDataPipe,
-)
-from shardpipes.datapipes.iter.batch import InBatchShufflerIterDataPipe
-from shardpipes.datapipes.iter.decode import DecoderIterDataPipe
-from shardpipes.datapipes.iter.fsspec import FSSpecFileOpenerIterDataPipe
-from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
+from shardpipes.datapipes.iter._index_length import exact_length_plan
 from shardpipes.datapipes.iter.prefetch import PinMemoryIterDataPipe, PrefetcherIterDataPipe
 from shardpipes.datapipes.iter.sync import ExactLengthIterDataPipe, FullSyncIterDataPipe, Policy
-from shardpipes.datapipes.iter.tar import TarArchiveLoaderIterDataPipe
-from shardpipes.datapipes.iter.threadpool import ThreadPoolMapperIterDataPipe
-from shardpipes.datapipes.iter.webdataset import WebDatasetIterDataPipe
 from shardpipes.errors import ShardingWarning, WorkerError
 from shardpipes.handlers import SkipStats
 
@@ -126,54 +114,6 @@ def _split_tail(datapipe: IterDataPipe[Any]) -> tuple[list[Any], IterDataPipe[An
         tail.append(datapipe)
         datapipe = datapipe.source_datapipe
     return tail, datapipe
-
-
-# Stages that yield exactly one item per item they read (decode may skip under a handler;
-# the exact-length guard then pads).
-_ONE_TO_ONE = (
-    Mapper,
-    Shuffler,
-    LeanMapperIterDataPipe,
-    LeanShufflerIterDataPipe,
-    DecoderIterDataPipe,
-    PrefetcherIterDataPipe,
-    ThreadPoolMapperIterDataPipe,
-    InBatchShufflerIterDataPipe,
-)
-# From sample ranges to samples: each range of k samples becomes k samples.
-_RANGE_TO_SAMPLES = (
-    WebDatasetIterDataPipe,
-    TarArchiveLoaderIterDataPipe,
-    FSSpecFileOpenerIterDataPipe,
-    IndexSharderIterDataPipe,
-)
-
-
-def _source(dp: Any) -> Any:
-    # Not `a or b`: truth-testing a DataPipe calls its __len__, which may raise.
-    src = getattr(dp, "source_datapipe", None)
-    return src if src is not None else getattr(dp, "datapipe", None)
-
-
-def exact_length_plan(datapipe: IterDataPipe[Any]) -> tuple[int | None, bool] | None:
-    """``(batch_size, drop_last)`` when every reader's length is known from the index, else ``None``.
-
-    That is when the graph is ``sharding_by_index -> open -> load_from_tar -> webdataset``
-    followed only by one-to-one stages and at most one ``batch()``.
-    """
-    node: Any = datapipe
-    batch: tuple[int | None, bool] = (None, False)
-    while isinstance(node, (*_ONE_TO_ONE, Batcher, LeanBatcherIterDataPipe)):
-        if isinstance(node, Batcher | LeanBatcherIterDataPipe):
-            if batch[0] is not None:
-                return None  # two batch() stages: counts no longer follow from the index
-            batch = (node.batch_size, node.drop_last)
-        node = _source(node)
-    for kind in _RANGE_TO_SAMPLES:
-        if not isinstance(node, kind):
-            return None
-        node = _source(node)
-    return batch
 
 
 def _reattach(tail: list[Any], core: IterDataPipe[Any]) -> IterDataPipe[Any]:

@@ -143,10 +143,14 @@ class FixedLengthIterDataPipe(StageIterDataPipe[T]):
 
     Args:
         source_datapipe: The source.
-        length: Items per epoch.
+        length: Items per epoch. Default: ``None``, this reader's share of the epoch as the
+            shard index gives it: the graph must have ``sharding_by_index`` upstream, with only
+            one-to-one stages and at most one ``batch()`` in between (then it counts batches).
+            No dataset size to know or guess.
 
     Raises:
-        ValueError: The source yields nothing at all (no epoch of ``length > 0`` is possible).
+        ValueError: The source yields nothing at all (no epoch of ``length > 0`` is possible),
+            or ``length=None`` without ``sharding_by_index`` upstream.
 
     Examples:
         >>> from shardpipes.datapipes.iter import IterableWrapper
@@ -155,16 +159,29 @@ class FixedLengthIterDataPipe(StageIterDataPipe[T]):
         ([0, 1, 2], [3, 4, 0], [1, 2, 3])
     """
 
-    def __init__(self, source_datapipe: IterDataPipe[T], length: int) -> None:
-        _non_negative("length", length)
+    def __init__(self, source_datapipe: IterDataPipe[T], length: int | None = None) -> None:
+        _non_negative("length", length, allow_none=True)
         self.source_datapipe = source_datapipe
         self.length = length
         self._it: Iterator[T] | None = None
 
+    def _from_index(self) -> int:
+        from shardpipes.datapipes.iter._index_length import exact_length_plan, index_length
+
+        plan = exact_length_plan(self.source_datapipe)
+        if plan is None:
+            raise ValueError(
+                "fixed_length() without a length takes it from the shard index: it needs "
+                "sharding_by_index upstream with only one-to-one stages and at most one batch() "
+                "in between; give the length explicitly otherwise"
+            )
+        return index_length(self.source_datapipe, plan)
+
     def __iter__(self) -> Iterator[T]:
+        target = self.length  # None: from the index, once the sharder has partitioned the epoch
         produced = 0
         fresh = False  # whether self._it was started during this step and yielded nothing yet
-        while produced < self.length:
+        while target is None or produced < target:
             if self._it is None:
                 self._it = iter(self.source_datapipe)
                 fresh = True
@@ -172,16 +189,26 @@ class FixedLengthIterDataPipe(StageIterDataPipe[T]):
                 item = next(self._it)
             except StopIteration:
                 self._it = None
+                if target is None:
+                    target = self._from_index()
                 if fresh:
+                    if target == 0:
+                        return
                     raise ValueError(
-                        f"fixed_length({self.length}) over a source that yields nothing"
+                        f"fixed_length({target}) over a source that yields nothing"
                     ) from None
                 continue
+            if target is None:
+                target = self._from_index()
             fresh = False
             produced += 1
             yield item
 
     def __len__(self) -> int:
+        if self.length is None:
+            raise TypeError(
+                f"{type(self).__name__} instance doesn't have valid length (it comes from the index)"
+            )
         return self.length
 
     def __getstate__(self) -> dict[str, Any]:

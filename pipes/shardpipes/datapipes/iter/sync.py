@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch.utils.data import IterDataPipe
 
 from shardpipes.datapipes.iter._base import StageIterDataPipe, register
+from shardpipes.datapipes.iter._index_length import index_length
 from shardpipes.errors import WorkerError
 
 __all__ = ["ExactLengthIterDataPipe", "FullSyncIterDataPipe", "SyncStats"]
@@ -208,26 +209,6 @@ class ExactLengthIterDataPipe(StageIterDataPipe[T]):
         self.drop_last = drop_last
         self.stats = SyncStats()
 
-    def _expected(self) -> int:
-        from torch.utils.data.graph import traverse_dps
-        from torch.utils.data.graph_settings import get_all_graph_pipes
-
-        from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
-
-        sharders = [
-            dp
-            for dp in get_all_graph_pipes(traverse_dps(self.source_datapipe))
-            if isinstance(dp, IndexSharderIterDataPipe)
-        ]
-        if len(sharders) != 1 or sharders[0].per_reader is None:
-            raise RuntimeError(
-                "exact length needs exactly one sharding_by_index stage, iterated first"
-            )
-        per = sharders[0].per_reader
-        if self.batch_size is None:
-            return per
-        return per // self.batch_size if self.drop_last else -(-per // self.batch_size)
-
     def __iter__(self) -> Iterator[T]:
         self.stats = stats = SyncStats()
         it = iter(self.source_datapipe)
@@ -238,7 +219,8 @@ class ExactLengthIterDataPipe(StageIterDataPipe[T]):
             pending: list[T] = []
         else:
             pending = [first]
-        expected = self._expected()  # known once the sharder has partitioned this epoch
+        # Known once the sharder has partitioned this epoch (it did, to give the first item).
+        expected = index_length(self.source_datapipe, (self.batch_size, self.drop_last))
         for item in itertools.chain(pending, it):
             if stats.yielded == expected:
                 stats.dropped += 1  # more than promised: nothing in the plan should do this
