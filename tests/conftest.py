@@ -9,6 +9,8 @@ import pytest
 
 from shardpipes.synthetic import write_synthetic
 
+pytest_plugins = ["servers"]  # S3, GCS and HTTP servers on 127.0.0.1 (tests/servers.py)
+
 
 @pytest.fixture(autouse=True)
 def _isolate_fsspec() -> None:

@@ -379,7 +379,7 @@ class RemoteStream(io.RawIOBase):
             result: bytes | BaseException
             try:
                 result = self._fetch_block(self._transport, self._next_off, self._halt)
-            except BaseException as exc:
+            except Exception as exc:  # kept, so that every later read raises it again
                 result = exc
         else:
             result = self._pf.take()

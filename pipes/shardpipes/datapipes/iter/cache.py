@@ -2,32 +2,42 @@
 
 Safe for several workers and ranks on one machine sharing the directory:
 
-- one download per shard at a time: an exclusive ``flock`` on ``<entry>.lock``;
+- one download per shard: an exclusive ``flock`` on ``<entry>.dl.lock`` while it downloads;
 - no torn files: data goes to a temporary name in the same directory, then ``os.replace``;
-- a size limit: after each download, least recently used entries are evicted (an entry that
-  another process holds the lock of, because it is downloading it, is left alone);
+- a size limit: after each download, least recently used entries are evicted;
+- an entry is never evicted while a reader holds it: the stage holds a shared ``flock`` on the
+  entry from the moment it yields the path until it is asked for the next one, which is when
+  the next stage (``open_files_by_fsspec``) has opened it; eviction only takes entries whose
+  lock it can get exclusively without waiting;
 - names derived from URLs cannot leave the directory: a hash plus a sanitised basename.
+
+Downloads use the same resumable, retrying stream as ``open_files_by_fsspec``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
 import re
-import shutil
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from shardpipes.datapipes.iter._base import StageIterDataPipe, register
-from shardpipes.datapipes.iter.fsspec import open_url
+from shardpipes.datapipes.iter._retry import Redactor, RetryPolicy
+from shardpipes.datapipes.iter.fsspec import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_READAHEAD,
+    _check_read_options,
+    open_url,
+)
 
-__all__ = ["OnDiskCacheHolderIterDataPipe", "cache_entry_name"]
+__all__ = ["OnDiskCacheHolderIterDataPipe", "cache_entry_name", "evict"]
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-_COPY_CHUNK = 8 << 20
 
 
 def cache_entry_name(url: str) -> str:
@@ -41,8 +51,10 @@ def cache_entry_name(url: str) -> str:
 class OnDiskCacheHolderIterDataPipe(StageIterDataPipe[str]):
     """Download each URL once into ``cache_dir`` and yield the local path (functional name: ``on_disk_cache``).
 
-    Put it between the URLs and ``open_files_by_fsspec``: later epochs (and other workers or
-    ranks on the machine) read the local copy. Local files pass through.
+    Put it right before ``open_files_by_fsspec``: later epochs (and other workers or ranks on
+    the machine) read the local copy. Several processes may share ``cache_dir``: each shard is
+    downloaded once, readers never see a partial file, and an entry is not evicted while the
+    next stage opens it. Local files pass through.
 
     Args:
         source_datapipe: URLs.
@@ -50,15 +62,21 @@ class OnDiskCacheHolderIterDataPipe(StageIterDataPipe[str]):
         max_bytes: Size limit of the directory's entries; least recently used entries are
             evicted after a download. Default: no limit.
         storage_options: Passed to fsspec when downloading.
+        block_size: Bytes per range request when downloading. Default: ``16 MiB``.
+        retries: Retries of a failing request. Default: ``5``.
+        backoff: Seconds before the first retry, doubled each time. Default: ``0.5``.
+        timeout: Seconds one request may take, or ``None``. Default: ``60``.
 
     Yields:
         str: Local path of the cached copy.
 
     Raises:
-        ShardReadError: The download failed (naming the URL); no partial entry is left.
-        OSError: The cache directory cannot be written (for example the disk is full).
+        ShardReadError: The download failed (naming the URL and byte offset); no partial
+            entry is left.
+        OSError: The cache directory cannot be written (for example the disk is full); the
+            message names the directory.
 
-    Example:
+    Examples:
         >>> import tempfile, os
         >>> src = os.path.join(tempfile.mkdtemp(), "a.tar"); _ = open(src, "wb").write(b"x")
         >>> from shardpipes.datapipes.iter import IterableWrapper
@@ -74,13 +92,23 @@ class OnDiskCacheHolderIterDataPipe(StageIterDataPipe[str]):
         *,
         max_bytes: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        retries: int = 5,
+        backoff: float = 0.5,
+        timeout: float | None = 60.0,
     ) -> None:
         if max_bytes is not None and max_bytes <= 0:
             raise ValueError(f"max_bytes should be a positive integer or None, got {max_bytes!r}")
+        _check_read_options(block_size, DEFAULT_READAHEAD)
         self.source_datapipe = source_datapipe
         self.cache_dir = os.fspath(cache_dir)
         self.max_bytes = max_bytes
         self.storage_options = dict(storage_options or {})
+        RetryPolicy(retries=retries, backoff=backoff, timeout=timeout)  # validates
+        self.block_size = block_size
+        self.retries = retries
+        self.backoff = backoff
+        self.timeout = timeout
 
     def __iter__(self) -> Iterator[str]:
         os.makedirs(self.cache_dir, exist_ok=True)
@@ -88,27 +116,86 @@ class OnDiskCacheHolderIterDataPipe(StageIterDataPipe[str]):
             if "://" not in url:
                 yield url  # already local
                 continue
-            yield self.fetch(url)
+            path, fd = self._acquire(url)
+            try:
+                yield path  # the shared lock keeps eviction away until the next request
+            finally:
+                os.close(fd)
 
     def fetch(self, url: str) -> str:
         """Return the cached path of ``url``, downloading it first if it is not there."""
-        path = os.path.join(self.cache_dir, cache_entry_name(url))
-        with _locked(path + ".lock"):
-            if os.path.exists(path):
-                os.utime(path)  # mark as recently used
-                return path
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.cache_dir)
-            try:
-                with os.fdopen(fd, "wb") as out, open_url(url, "rb", self.storage_options) as src:
-                    shutil.copyfileobj(src, out, _COPY_CHUNK)
-                os.replace(tmp, path)
-            except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-                raise
-        if self.max_bytes is not None:
-            evict(self.cache_dir, self.max_bytes, keep=path)
+        os.makedirs(self.cache_dir, exist_ok=True)
+        path, fd = self._acquire(url)
+        os.close(fd)
         return path
+
+    def _acquire(self, url: str) -> tuple[str, int]:
+        """Make sure ``url`` is cached; return its path and a lock fd holding it shared.
+
+        Two locks per entry: ``<entry>.lock``, held shared by readers and taken exclusively
+        (without waiting) by eviction, and ``<entry>.dl.lock``, held by the one process that
+        downloads. A process that finds the entry missing keeps its shared lock while it
+        waits for the download lock, so neither waits behind a reader, and the new entry
+        cannot be evicted between its rename into place and its first reader.
+        """
+        path = os.path.join(self.cache_dir, cache_entry_name(url))
+        fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            if os.path.exists(path):  # and it stays: eviction needs the lock exclusively
+                os.utime(path)  # mark as recently used
+                return path, fd
+            with _locked(path + ".dl.lock"):
+                downloaded = not os.path.exists(path)  # else another process just did it
+                if downloaded:
+                    self._download(url, path)
+            if downloaded and self.max_bytes is not None:
+                evict(self.cache_dir, self.max_bytes, keep=path)
+            return path, fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _download(self, url: str, path: str) -> None:
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.cache_dir)
+        try:
+            with contextlib.closing(
+                open_url(
+                    url,
+                    "rb",
+                    self.storage_options,
+                    block_size=self.block_size,
+                    retries=self.retries,
+                    backoff=self.backoff,
+                    timeout=self.timeout,
+                )
+            ) as src:
+                while block := src.read(self.block_size):
+                    self._write_all(fd, block, url)
+            os.close(fd)
+            fd = -1
+            os.replace(tmp, path)
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+    def _write_all(self, fd: int, data: bytes, url: str) -> None:
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError as exc:
+            what = os.strerror(exc.errno) if exc.errno else str(exc)
+            full = exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+            hint = "; free space or lower max_bytes" if full else ""
+            raise OSError(
+                exc.errno,
+                f"on_disk_cache: cannot write to the cache directory {self.cache_dir} while "
+                f"downloading {Redactor(url, None).url}: {what}{hint}",
+            ) from exc
 
 
 @contextlib.contextmanager

@@ -9,14 +9,15 @@ import json
 import os
 import posixpath
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import IO, Any
+from typing import IO, Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from fsspec.core import url_to_fs
 from torch.utils.data import IterDataPipe
 
 from shardpipes.datapipes.iter._base import StageIterDataPipe, register
-from shardpipes.datapipes.iter._remote import (
+from shardpipes.datapipes.iter._remote import open_remote
+from shardpipes.datapipes.iter._retry import (
     ForbiddenShardError,
     MissingShardError,
     NotAFileError,
@@ -24,7 +25,6 @@ from shardpipes.datapipes.iter._remote import (
     RetriesExhaustedError,
     RetryPolicy,
     classify_error,
-    open_remote,
 )
 from shardpipes.datapipes.iter.index_sharding import ShardRange
 from shardpipes.errors import ShardReadError
@@ -57,12 +57,20 @@ _GLOB_CHARS = frozenset("*?[")
 def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
     """Return ``(filesystem, path)`` for ``url``, with a clear error for a missing backend."""
     try:
-        return url_to_fs(url, **dict(storage_options or {}))
+        fs, path = url_to_fs(url, **dict(storage_options or {}))
     except ImportError as exc:
         proto = url.split("://", 1)[0] if "://" in url else "file"
-        extra = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "http"}
+        extra = {
+            "s3": "s3",
+            "s3a": "s3",
+            "gs": "gcs",
+            "gcs": "gcs",
+            "http": "http",
+            "https": "http",
+        }
         hint = f"pip install 'shardpipes[{extra[proto]}]'" if proto in extra else str(exc)
         raise ImportError(f"reading {url!r} needs the {proto!r} filesystem: {hint}") from exc
+    return fs, str(path)
 
 
 def _unstrip(fs: Any, path: str, like: str) -> str:
@@ -92,7 +100,7 @@ class FSSpecFileListerIterDataPipe(StageIterDataPipe[str]):
         FileNotFoundError: An input names nothing: no such file or directory, or a glob that
             matches no file. The message names the input.
 
-    Example:
+    Examples:
         >>> import tempfile, pathlib
         >>> d = pathlib.Path(tempfile.mkdtemp())
         >>> for n in ("b.tar", "a.tar", "c.txt"): _ = (d / n).write_bytes(b"")
@@ -139,9 +147,7 @@ class FSSpecFileListerIterDataPipe(StageIterDataPipe[str]):
             kind = classify_error(exc)
             if kind == "fatal" and not isinstance(exc, OSError):
                 raise
-            redactor = Redactor(url, self.storage_options)
-            redactor.raise_(exc, kind, 0, 1, 0.0)
-            raise  # unreachable: raise_ always raises
+            Redactor(url, self.storage_options).raise_(exc, kind, None, 1, 0.0)
 
     def _list_in(self, fs: Any, path: str, url: str) -> list[str]:
         if _GLOB_CHARS & set(path):
@@ -205,7 +211,7 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
             ``ForbiddenShardError`` (a ``PermissionError``), ``NotAFileError``, or
             ``RetriesExhaustedError`` once transient errors outlast ``retries``.
 
-    Example:
+    Examples:
         >>> import tempfile, pathlib
         >>> p = pathlib.Path(tempfile.mkdtemp()) / "x.bin"
         >>> _ = p.write_bytes(b"abc")
@@ -246,24 +252,30 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
             if isinstance(url, ShardRange):  # a sample range from sharding_by_index: one read
                 from shardpipes.index import open_range  # index.py imports this module
 
-                yield url, open_range(str(url), url.offset, url.size, self.storage_options)
+                rng = open_range(str(url), url.offset, url.size, self.storage_options)
+                yield url, cast(IO[Any], rng)
                 continue
-            yield url, open_url(
+            yield (
                 url,
-                self.mode,
-                self.storage_options,
-                self.open_kwargs,
-                block_size=self.block_size,
-                readahead=self.readahead,
-                retries=self.retries,
-                backoff=self.backoff,
-                timeout=self.timeout,
+                open_url(
+                    url,
+                    self.mode,
+                    self.storage_options,
+                    self.open_kwargs,
+                    block_size=self.block_size,
+                    readahead=self.readahead,
+                    retries=self.retries,
+                    backoff=self.backoff,
+                    timeout=self.timeout,
+                ),
             )
 
 
 def _check_read_options(block_size: int, readahead: int) -> None:
     if not isinstance(block_size, int) or block_size < 4096:
-        raise ValueError(f"block_size should be an integer of at least 4096 bytes, got {block_size!r}")
+        raise ValueError(
+            f"block_size should be an integer of at least 4096 bytes, got {block_size!r}"
+        )
     if not isinstance(readahead, int) or not 0 <= readahead <= 64:
         raise ValueError(f"readahead should be an integer in [0, 64], got {readahead!r}")
 
@@ -293,7 +305,7 @@ def open_url(
     Local files are opened directly. Remote ones get a resumable read-ahead stream; the
     options are those of :class:`FSSpecFileOpenerIterDataPipe`.
 
-    Example:
+    Examples:
         >>> import tempfile, os
         >>> p = os.path.join(tempfile.mkdtemp(), "a.bin"); _ = open(p, "wb").write(b"hi")
         >>> with open_url(p) as f:
@@ -315,7 +327,7 @@ def open_url(
             open_kwargs={k: v for k, v in kwargs.items() if k not in _TEXT_KWARGS},
         )
         if mode == "rb":
-            return stream
+            return cast(IO[bytes], stream)  # an io.RawIOBase, which typing.IO does not cover
         text = {k: v for k, v in kwargs.items() if k in _TEXT_KWARGS}
         return io.TextIOWrapper(io.BufferedReader(stream, 1 << 20), **text)
     try:
@@ -355,7 +367,7 @@ def read_shard_list(url: str, storage_options: Mapping[str, Any] | None = None) 
         ValueError: It is not JSON, or has no ``shardlist`` of objects with a ``url``; the
             message names the descriptor and the entry.
 
-    Example:
+    Examples:
         >>> import json, os, tempfile
         >>> d = tempfile.mkdtemp()
         >>> desc = {"shardlist": [{"url": "train-0.tar", "nsamples": 3},
@@ -373,7 +385,11 @@ def read_shard_list(url: str, storage_options: Mapping[str, Any] | None = None) 
     except ValueError as exc:
         raise ValueError(f"{safe}: not a JSON dataset descriptor ({exc})") from None
     if not isinstance(desc, dict) or not isinstance(desc.get("shardlist"), list):
-        extra = " (sub-'datasets' are not supported)" if isinstance(desc, dict) and "datasets" in desc else ""
+        extra = (
+            " (sub-'datasets' are not supported)"
+            if isinstance(desc, dict) and "datasets" in desc
+            else ""
+        )
         raise ValueError(f"{safe}: a dataset descriptor needs a 'shardlist' list{extra}")
     base = _url_dir(url)
     if isinstance(desc.get("base"), str):
@@ -381,7 +397,9 @@ def read_shard_list(url: str, storage_options: Mapping[str, Any] | None = None) 
     urls = []
     for i, entry in enumerate(desc["shardlist"]):
         if not isinstance(entry, dict) or not isinstance(entry.get("url"), str) or not entry["url"]:
-            raise ValueError(f"{safe}: shardlist entry {i} is not an object with a 'url' string: {entry!r}")
+            raise ValueError(
+                f"{safe}: shardlist entry {i} is not an object with a 'url' string: {entry!r}"
+            )
         urls.append(_url_join(base, entry["url"]))
     return urls
 
@@ -402,8 +420,10 @@ def _url_join(base: str, ref: str) -> str:
         return ref if os.path.isabs(ref) else os.path.normpath(os.path.join(base, ref))
     parts = urlsplit(base)
     ref_parts = urlsplit(ref)
-    path = ref_parts.path if ref_parts.path.startswith("/") else posixpath.normpath(
-        posixpath.join(parts.path or "/", ref_parts.path)
+    path = (
+        ref_parts.path
+        if ref_parts.path.startswith("/")
+        else posixpath.normpath(posixpath.join(parts.path or "/", ref_parts.path))
     )
     if parts.netloc and not path.startswith("/"):
         path = "/" + path
@@ -423,7 +443,7 @@ class FSSpecSaverIterDataPipe(StageIterDataPipe[str]):
     Yields:
         str: The URL written.
 
-    Example:
+    Examples:
         >>> import tempfile, os
         >>> d = tempfile.mkdtemp()
         >>> from shardpipes.datapipes.iter import IterableWrapper
