@@ -8,6 +8,7 @@ import pytest
 
 from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService
 from shardpipes.datapipes.iter import IterableWrapper
+from shardpipes.datapipes.iter._retry import MissingShardError, RetriesExhaustedError
 from shardpipes.errors import (
     DecodeError,
     SampleFormatError,
@@ -24,6 +25,10 @@ CASES = [
     DecodeError("f.tar: bad json", url="f.tar", key="a"),
     WorkerError("rank 1: worker died"),
     IndexFormatError("i.json: bad", url="i.json", field="shards[0].offsets"),
+    MissingShardError("s3://b/y.tar: no such file", url="s3://b/y.tar"),
+    RetriesExhaustedError(
+        "http://h/z.tar: gave up at byte offset 9", url="http://h/z.tar", offset=9
+    ),
 ]
 
 

@@ -152,14 +152,6 @@ def test_opener_empty_url_list():
     assert list(IterableWrapper([]).open_files_by_fsspec()) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "fsspec.py: open_files_by_fsspec takes no handler=, and load_from_tar never sees the "
-        "error (it is raised inside the opener's generator, which then ends), so an unreadable "
-        "URL cannot be skipped and counted as DESIGN.md 'Bad input' requires"
-    ),
-)
 def test_unreadable_url_can_be_skipped_and_counted(tmp_path):
     good = write_tar(tmp_path / "good.tar", ABC)
     missing = os.fspath(tmp_path / "missing.tar")
@@ -169,8 +161,7 @@ def test_unreadable_url_can_be_skipped_and_counted(tmp_path):
     assert opener.skipped.shards + opener.skipped.samples == 1
 
 
-def test_missing_url_is_not_skipped_by_the_tar_handler(tmp_path):
-    # What happens today (see the xfail above): the error reaches the caller, naming the URL.
+def test_missing_url_raises_by_default_naming_it(tmp_path):
     good = write_tar(tmp_path / "good.tar", ABC)
     missing = os.fspath(tmp_path / "missing.tar")
     dp = IterableWrapper([missing, good]).open_files_by_fsspec().load_from_tar(handler="skip")

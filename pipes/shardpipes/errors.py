@@ -49,11 +49,17 @@ class ShardReadError(ShardpipesError, OSError):
         return str(self.strerror)
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_read_error, (str(self.strerror), self.url, self.offset, self.errno))
+        # type(self): subclasses (MissingShardError, ...) keep their type across processes.
+        return (
+            _rebuild_read_error,
+            (type(self), str(self.strerror), self.url, self.offset, self.errno),
+        )
 
 
-def _rebuild_read_error(message: str, url: str, offset: int | None, err: int) -> ShardReadError:
-    return ShardReadError(message, url=url, offset=offset, err=err)
+def _rebuild_read_error(
+    cls: type[ShardReadError], message: str, url: str, offset: int | None, err: int
+) -> ShardReadError:
+    return cls(message, url=url, offset=offset, err=err)
 
 
 class ShardFormatError(ShardpipesError, ValueError):
@@ -74,13 +80,16 @@ class ShardFormatError(ShardpipesError, ValueError):
         self.member = member
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_format_error, (self.args[0], self.url, self.offset, self.member))
+        return (
+            _rebuild_format_error,
+            (type(self), self.args[0], self.url, self.offset, self.member),
+        )
 
 
 def _rebuild_format_error(
-    message: str, url: str, offset: int | None, member: str | None
+    cls: type[ShardFormatError], message: str, url: str, offset: int | None, member: str | None
 ) -> ShardFormatError:
-    return ShardFormatError(message, url=url, offset=offset, member=member)
+    return cls(message, url=url, offset=offset, member=member)
 
 
 class SampleFormatError(ShardpipesError, ValueError):

@@ -40,31 +40,19 @@ class ShortBody(Exception):
 # --- errors ------------------------------------------------------------------------------------
 
 
-class _ReadErrorMixin(ShardReadError):
-    # ShardReadError.__reduce__ rebuilds the base class; keep the subclass across processes.
-    def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild, (type(self), str(self.strerror), self.url, self.offset, self.errno))
-
-
-def _rebuild(
-    cls: type[ShardReadError], message: str, url: str, offset: int | None, err: int
-) -> ShardReadError:
-    return cls(message, url=url, offset=offset, err=err)
-
-
-class MissingShardError(_ReadErrorMixin, FileNotFoundError):
+class MissingShardError(ShardReadError, FileNotFoundError):
     """The URL names no file (or no bucket)."""
 
 
-class ForbiddenShardError(_ReadErrorMixin, PermissionError):
+class ForbiddenShardError(ShardReadError, PermissionError):
     """Access to the URL is denied (401/403, bad or missing credentials)."""
 
 
-class NotAFileError(_ReadErrorMixin, IsADirectoryError):
+class NotAFileError(ShardReadError, IsADirectoryError):
     """The URL names a directory."""
 
 
-class RetriesExhaustedError(_ReadErrorMixin):
+class RetriesExhaustedError(ShardReadError):
     """Transient errors (resets, time-outs, 5xx) went on past the configured retries."""
 
 

@@ -28,6 +28,7 @@ from shardpipes.datapipes.iter._retry import (
 )
 from shardpipes.datapipes.iter.index_sharding import ShardRange
 from shardpipes.errors import ShardReadError
+from shardpipes.handlers import HandlerLike, SkipStats, resolve_handler
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -201,6 +202,9 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
             Default: ``0.5``.
         timeout: Seconds one request may take before it is abandoned and retried, or ``None``.
             Default: ``60``.
+        handler: What to do when a URL cannot be opened (missing, forbidden, retries used
+            up): ``"raise"`` (default), ``"warn_and_skip"``/``"skip"`` (skip the shard and
+            count it in ``skipped``), ``"stop"``, or a callable.
 
     Yields:
         tuple[str, IO]: The URL and an open file object.
@@ -232,10 +236,13 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
         retries: int = 5,
         backoff: float = 0.5,
         timeout: float | None = 60.0,
+        handler: HandlerLike = "raise",
     ) -> None:
         if mode not in ("rb", "r"):
             raise ValueError(f"mode {mode!r} is not supported; must be one of 'rb', 'r'")
         _check_read_options(block_size, readahead)
+        self.handler = resolve_handler(handler)
+        self.skipped = SkipStats()
         self.source_datapipe = source_datapipe
         self.mode = mode
         self.storage_options = dict(storage_options or {})
@@ -247,28 +254,35 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
         self.backoff = backoff
         self.timeout = timeout
 
-    def __iter__(self) -> Iterator[tuple[str, IO[Any]]]:
-        for url in self.source_datapipe:
-            if isinstance(url, ShardRange):  # a sample range from sharding_by_index: one read
-                from shardpipes.index import open_range  # index.py imports this module
+    def _open(self, url: str) -> IO[Any]:
+        if isinstance(url, ShardRange):  # a sample range from sharding_by_index: one read
+            from shardpipes.index import open_range  # index.py imports this module
 
-                rng = open_range(str(url), url.offset, url.size, self.storage_options)
-                yield url, cast(IO[Any], rng)
+            return cast(IO[Any], open_range(str(url), url.offset, url.size, self.storage_options))
+        return open_url(
+            url,
+            self.mode,
+            self.storage_options,
+            self.open_kwargs,
+            block_size=self.block_size,
+            readahead=self.readahead,
+            retries=self.retries,
+            backoff=self.backoff,
+            timeout=self.timeout,
+        )
+
+    def __iter__(self) -> Iterator[tuple[str, IO[Any]]]:
+        policy = self.handler
+        for url in self.source_datapipe:
+            try:
+                stream = self._open(url)
+            except ShardReadError as exc:
+                if policy.raises:
+                    raise
+                if not policy(exc, str(url), self.skipped, shard=True):
+                    return
                 continue
-            yield (
-                url,
-                open_url(
-                    url,
-                    self.mode,
-                    self.storage_options,
-                    self.open_kwargs,
-                    block_size=self.block_size,
-                    readahead=self.readahead,
-                    retries=self.retries,
-                    backoff=self.backoff,
-                    timeout=self.timeout,
-                ),
-            )
+            yield url, stream
 
 
 def _check_read_options(block_size: int, readahead: int) -> None:
