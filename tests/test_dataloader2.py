@@ -235,3 +235,19 @@ def test_seed_validates():
     dl = DataLoader2(IterableWrapper([1]))
     with pytest.raises(ValueError, match="non-negative int"):
         dl.seed(-1)
+
+
+def as_array(x):
+    import numpy as np
+
+    return np.full(3, x, dtype=np.int64)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_items_keep_their_type_with_and_without_workers(workers):
+    import numpy as np
+
+    dp = IterableWrapper(range(4)).sharding_filter().map(as_array)
+    with DataLoader2(dp, reading_service=MultiProcessingReadingService(num_workers=workers)) as dl:
+        items = list(dl)
+    assert all(type(x) is np.ndarray for x in items)

@@ -121,3 +121,10 @@ def test_distributed_resume_mid_epoch(tmp_path):
     pattern = f"{tmp_path}/train-{{000000..000004}}.tar"
     for expected, got in run_ranks(rank_resume, 2, pattern, 3):
         assert expected and got == expected
+
+
+def test_state_right_after_restore_keeps_the_position(shard_pattern):
+    _, states = uninterrupted(graph(shard_pattern), MultiProcessingReadingService(num_workers=0), epochs=1)
+    dl = DataLoader2(graph(shard_pattern))
+    dl.load_state_dict(states[4])
+    assert dl.state_dict() == states[4]  # saved again before the next batch: still batch 4

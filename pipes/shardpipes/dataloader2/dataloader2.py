@@ -222,8 +222,8 @@ class DataLoader2(Generic[T]):
         world, workers = _topology(self.reading_service)
         if self._current is not None and self._active is not None:
             epoch, consumed = self._current.epoch, self._consumed
-        else:
-            epoch, consumed = self._epoch, 0
+        else:  # between epochs, or restored and not iterated yet (the pending replay counts)
+            epoch, consumed = self._epoch, self._skip
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,

@@ -123,6 +123,10 @@ def _reattach(tail: list[Any], core: IterDataPipe[Any]) -> IterDataPipe[Any]:
     return core
 
 
+def _as_is(item: Any) -> Any:
+    return item
+
+
 class MultiProcessingReadingService(ReadingServiceInterface):
     """Run the graph in ``num_workers`` worker processes, each reading its own part.
 
@@ -240,6 +244,9 @@ class MultiProcessingReadingService(ReadingServiceInterface):
             timeout=self.timeout,
             generator=generator,
             in_order=True,
+            # Items cross from workers as they are: torch's default would turn numpy arrays
+            # into tensors with workers but not without them.
+            collate_fn=_as_is,
         )
 
     def _iterate_pool(self) -> Iterator[Any]:
