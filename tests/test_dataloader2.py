@@ -10,6 +10,7 @@ import time
 import pytest
 import torch.multiprocessing as tmp
 
+from _graphs import id_graph, sample_id
 from shardpipes.dataloader2 import (
     DataLoader2,
     DistributedReadingService,
@@ -22,26 +23,6 @@ from shardpipes.errors import ShardingWarning, WorkerError
 
 TOTAL = 11 + 13 + 17 + 19 + 23 + 29 + 31  # samples in the shard_dir fixture
 START_METHODS = tmp.get_all_start_methods()
-
-
-def sample_id(sample):
-    return sample[".json"]["id"]
-
-
-def graph(pattern, batch_size=4, buffer_size=16):
-    return (
-        IterableWrapper([pattern])
-        .shard_expand()
-        .shuffle()
-        .sharding_filter()
-        .open_files_by_fsspec()
-        .load_from_tar()
-        .webdataset()
-        .decode()
-        .map(sample_id)
-        .shuffle(buffer_size=buffer_size)
-        .batch(batch_size)
-    )
 
 
 def epochs(dp, rs, n=2, seed=None):
@@ -78,8 +59,8 @@ def no_children_left(deadline=10.0):
     ],
 )
 def test_every_sample_once_per_epoch_and_deterministic(shard_pattern, rs_factory):
-    first = epochs(graph(shard_pattern), rs_factory())
-    again = epochs(graph(shard_pattern), rs_factory())
+    first = epochs(id_graph(shard_pattern), rs_factory())
+    again = epochs(id_graph(shard_pattern), rs_factory())
     for batches in first:
         ids = flat(batches)
         assert sorted(ids) == list(range(TOTAL))
@@ -89,11 +70,11 @@ def test_every_sample_once_per_epoch_and_deterministic(shard_pattern, rs_factory
 
 
 def test_seed_changes_order_and_restarts_epochs(shard_pattern):
-    a = epochs(graph(shard_pattern), MultiProcessingReadingService(num_workers=2), seed=7)
-    b = epochs(graph(shard_pattern), MultiProcessingReadingService(num_workers=2), seed=8)
+    a = epochs(id_graph(shard_pattern), MultiProcessingReadingService(num_workers=2), seed=7)
+    b = epochs(id_graph(shard_pattern), MultiProcessingReadingService(num_workers=2), seed=8)
     assert a != b
     assert sorted(flat(a[0])) == sorted(flat(b[0])) == list(range(TOTAL))
-    with DataLoader2(graph(shard_pattern)) as dl:
+    with DataLoader2(id_graph(shard_pattern)) as dl:
         dl.seed(3)
         e0 = list(dl)
         list(dl)
@@ -104,7 +85,7 @@ def test_seed_changes_order_and_restarts_epochs(shard_pattern):
 @pytest.mark.parametrize("start_method", START_METHODS)
 def test_batches_are_made_in_workers_and_arrive_whole(shard_pattern, start_method):
     rs = MultiProcessingReadingService(num_workers=2, multiprocessing_context=start_method)
-    batches = epochs(graph(shard_pattern, batch_size=5), rs, n=1)[0]
+    batches = epochs(id_graph(shard_pattern, batch_size=5), rs, n=1)[0]
     sizes = [len(b) for b in batches]
     # Each worker batches its own samples: at most one short batch per worker.
     assert sum(1 for s in sizes if s < 5) <= 2
@@ -133,7 +114,7 @@ def test_workers_split_shards_not_samples(shard_dir):
 
 def test_break_then_next_epoch(shard_pattern):
     rs = MultiProcessingReadingService(num_workers=2)
-    with DataLoader2(graph(shard_pattern), reading_service=rs) as dl:
+    with DataLoader2(id_graph(shard_pattern), reading_service=rs) as dl:
         for i, _ in enumerate(dl):
             if i == 2:
                 break
@@ -185,7 +166,7 @@ def test_killed_worker_gives_a_clear_error():
 
 def test_shutdown_stops_workers_and_is_final(shard_pattern):
     dl = DataLoader2(
-        graph(shard_pattern), reading_service=MultiProcessingReadingService(num_workers=2)
+        id_graph(shard_pattern), reading_service=MultiProcessingReadingService(num_workers=2)
     )
     next(iter(dl))
     assert multiprocessing.active_children()
@@ -204,7 +185,7 @@ def test_graph_without_sharding_filter_warns():
 
 
 def test_user_graph_is_not_modified(shard_pattern):
-    dp = graph(shard_pattern)
+    dp = id_graph(shard_pattern)
     epochs(dp, MultiProcessingReadingService(num_workers=2), n=1)
     assert sorted(flat(dp)) == list(range(TOTAL))  # no sharding left on the caller's graph
 

@@ -8,6 +8,7 @@ import pytest
 import torch.distributed as dist
 
 from _dist import run_ranks
+from _graphs import id_graph
 from shardpipes.dataloader2 import (
     DataLoader2,
     DistributedReadingService,
@@ -30,33 +31,13 @@ def pattern(tmp_path_factory):
     return f"{d}/train-{{000000..{len(COUNTS) - 1:06d}}}.tar"
 
 
-def sample_id(sample):
-    return sample[".json"]["id"]
-
-
-def graph(pattern, batch_size=3):
-    return (
-        IterableWrapper([pattern])
-        .shard_expand()
-        .shuffle()
-        .sharding_filter()
-        .open_files_by_fsspec()
-        .load_from_tar()
-        .webdataset()
-        .decode()
-        .map(sample_id)
-        .shuffle(buffer_size=8)
-        .batch(batch_size)
-    )
-
-
 def run_epochs(rank, world, pattern, workers, policy, n_epochs, seed):
     rs = SequentialReadingService(
         DistributedReadingService(timeout=120, policy=policy),
         MultiProcessingReadingService(num_workers=workers, multiprocessing_context="fork"),
     )
     out = []
-    with DataLoader2(graph(pattern), reading_service=rs) as dl:
+    with DataLoader2(id_graph(pattern, batch_size=3, buffer_size=8), reading_service=rs) as dl:
         dl.seed(seed)
         for _ in range(n_epochs):
             out.append([list(b) for b in dl])

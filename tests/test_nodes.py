@@ -9,6 +9,7 @@ import pytest
 from torchdata.nodes import Loader, ParallelMapper
 
 from _dist import run_ranks
+from _graphs import id_graph
 from shardpipes.dataloader2 import DataLoader2
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.nodes import World, as_node
@@ -17,33 +18,13 @@ from shardpipes.synthetic import write_synthetic
 TOTAL = 11 + 13 + 17 + 19 + 23 + 29 + 31
 
 
-def sample_id(sample):
-    return sample[".json"]["id"]
-
-
-def graph(pattern):
-    return (
-        IterableWrapper([pattern])
-        .shard_expand()
-        .shuffle()
-        .sharding_filter()
-        .open_files_by_fsspec()
-        .load_from_tar()
-        .webdataset()
-        .decode()
-        .map(sample_id)
-        .shuffle(buffer_size=16)
-        .batch(4)
-    )
-
-
 def epochs(loader, n=2):
     return [[list(b) for b in loader] for _ in range(n)]
 
 
 def test_loader_over_a_graph_covers_everything_deterministically(shard_pattern):
-    a = epochs(Loader(as_node(graph(shard_pattern), seed=4)))
-    b = epochs(Loader(as_node(graph(shard_pattern), seed=4)))
+    a = epochs(Loader(as_node(id_graph(shard_pattern), seed=4)))
+    b = epochs(Loader(as_node(id_graph(shard_pattern), seed=4)))
     assert a == b
     assert a[0] != a[1]
     for e in a:
@@ -51,8 +32,8 @@ def test_loader_over_a_graph_covers_everything_deterministically(shard_pattern):
 
 
 def test_node_seeds_match_dataloader2(shard_pattern):
-    via_nodes = epochs(Loader(as_node(graph(shard_pattern), seed=9)))
-    with DataLoader2(graph(shard_pattern)) as dl:
+    via_nodes = epochs(Loader(as_node(id_graph(shard_pattern), seed=9)))
+    with DataLoader2(id_graph(shard_pattern)) as dl:
         dl.seed(9)
         via_dl2 = [[list(b) for b in dl] for _ in range(2)]
     assert via_nodes == via_dl2
@@ -60,22 +41,22 @@ def test_node_seeds_match_dataloader2(shard_pattern):
 
 @pytest.mark.parametrize("k", [0, 5, 12])
 def test_loader_checkpoint_resumes_exactly(shard_pattern, k):
-    loader = Loader(as_node(graph(shard_pattern), seed=2))
+    loader = Loader(as_node(id_graph(shard_pattern), seed=2))
     full, state = [], None
     for i, b in enumerate(loader):
         if i == k:
             state = loader.state_dict()
         full.append(list(b))
-    fresh = Loader(as_node(graph(shard_pattern), seed=2))
+    fresh = Loader(as_node(id_graph(shard_pattern), seed=2))
     fresh.load_state_dict(state)
     assert [list(b) for b in fresh] == full[k + 1 :]  # the state was taken after batch k
 
 
 def test_state_of_another_seed_is_refused(shard_pattern):
-    loader = Loader(as_node(graph(shard_pattern), seed=2))
+    loader = Loader(as_node(id_graph(shard_pattern), seed=2))
     next(iter(loader))
     state = loader.state_dict()
-    other = Loader(as_node(graph(shard_pattern), seed=3))
+    other = Loader(as_node(id_graph(shard_pattern), seed=3))
     other.load_state_dict(state)
     with pytest.raises(ValueError, match="seed 2, this node has seed 3"):
         next(iter(other))
@@ -83,7 +64,7 @@ def test_state_of_another_seed_is_refused(shard_pattern):
 
 def test_workers_of_a_rank_split_the_shards(shard_pattern):
     parts = [
-        [x for b in Loader(as_node(graph(shard_pattern), worker=w, num_workers=2)) for x in b]
+        [x for b in Loader(as_node(id_graph(shard_pattern), worker=w, num_workers=2)) for x in b]
         for w in range(2)
     ]
     assert not set(parts[0]) & set(parts[1])
@@ -102,7 +83,7 @@ def test_parallel_mapper_inside_a_graph_keeps_order():
 
 
 def rank_via_nodes(rank, world, pattern):
-    return epochs(Loader(as_node(graph(pattern), seed=1)))
+    return epochs(Loader(as_node(id_graph(pattern), seed=1)))
 
 
 @pytest.mark.distributed

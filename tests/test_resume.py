@@ -7,6 +7,7 @@ import pickle
 import pytest
 
 from _dist import run_ranks
+from _graphs import id_graph
 from shardpipes.dataloader2 import (
     DataLoader2,
     DistributedReadingService,
@@ -15,26 +16,6 @@ from shardpipes.dataloader2 import (
 )
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.synthetic import write_synthetic
-
-
-def sample_id(sample):
-    return sample[".json"]["id"]
-
-
-def graph(pattern):
-    return (
-        IterableWrapper([pattern])
-        .shard_expand()
-        .shuffle()
-        .sharding_filter()
-        .open_files_by_fsspec()
-        .load_from_tar()
-        .webdataset()
-        .decode()
-        .map(sample_id)
-        .shuffle(buffer_size=16)
-        .batch(4)
-    )
 
 
 def uninterrupted(dp, rs, epochs=2, seed=3):
@@ -66,21 +47,21 @@ def resumed(dp, rs, state, n):
 @pytest.mark.parametrize("workers", [0, 2], ids=["in-process", "2-workers"])
 def test_resume_continues_batch_for_batch(shard_pattern, workers):
     make_rs = lambda: MultiProcessingReadingService(num_workers=workers)  # noqa: E731
-    batches, states = uninterrupted(graph(shard_pattern), make_rs())
+    batches, states = uninterrupted(id_graph(shard_pattern), make_rs())
     per_epoch = len(batches) // 2
     # start, middle, last batch of epoch 0, epoch boundary, middle of epoch 1
     for k in (0, per_epoch // 2, per_epoch - 1, per_epoch, per_epoch + per_epoch // 3):
         rest = batches[k:]
-        got = resumed(graph(shard_pattern), make_rs(), states[k], len(rest))
+        got = resumed(id_graph(shard_pattern), make_rs(), states[k], len(rest))
         assert got == rest, f"resume after {k} batches diverged"
 
 
 def test_state_is_small_and_strict(shard_pattern):
     _, states = uninterrupted(
-        graph(shard_pattern), MultiProcessingReadingService(num_workers=0), epochs=1
+        id_graph(shard_pattern), MultiProcessingReadingService(num_workers=0), epochs=1
     )
     assert len(pickle.dumps(states[5])) < 512
-    dl = DataLoader2(graph(shard_pattern))
+    dl = DataLoader2(id_graph(shard_pattern))
     bad = dict(states[5])
     del bad["consumed"]
     with pytest.raises(KeyError, match="consumed"):
@@ -89,7 +70,7 @@ def test_state_is_small_and_strict(shard_pattern):
         ValueError, match=r"saved with 1 rank\(s\) x 0 worker\(s\), this loader runs 1 x 2"
     ):
         DataLoader2(
-            graph(shard_pattern), reading_service=MultiProcessingReadingService(num_workers=2)
+            id_graph(shard_pattern), reading_service=MultiProcessingReadingService(num_workers=2)
         ).load_state_dict(states[5])
     with pytest.raises(ValueError, match="version"):
         dl.load_state_dict({**states[5], "version": 99})
@@ -111,8 +92,8 @@ def rank_resume(rank, world, pattern, k):
             MultiProcessingReadingService(num_workers=2, multiprocessing_context="fork"),
         )
 
-    batches, states = uninterrupted(graph(pattern), rs(), epochs=1)
-    return batches[k:], resumed(graph(pattern), rs(), states[k], len(batches) - k)
+    batches, states = uninterrupted(id_graph(pattern), rs(), epochs=1)
+    return batches[k:], resumed(id_graph(pattern), rs(), states[k], len(batches) - k)
 
 
 @pytest.mark.distributed
@@ -124,7 +105,9 @@ def test_distributed_resume_mid_epoch(tmp_path):
 
 
 def test_state_right_after_restore_keeps_the_position(shard_pattern):
-    _, states = uninterrupted(graph(shard_pattern), MultiProcessingReadingService(num_workers=0), epochs=1)
-    dl = DataLoader2(graph(shard_pattern))
+    _, states = uninterrupted(
+        id_graph(shard_pattern), MultiProcessingReadingService(num_workers=0), epochs=1
+    )
+    dl = DataLoader2(id_graph(shard_pattern))
     dl.load_state_dict(states[4])
     assert dl.state_dict() == states[4]  # saved again before the next batch: still batch 4
