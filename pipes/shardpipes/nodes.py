@@ -23,7 +23,7 @@ from torchdata.nodes import BaseNode
 
 from shardpipes.dataloader2.seeding import SeedGenerator, seed_graph
 from shardpipes.datapipes.iter._lean import lean_graph
-from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe
+from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe, gloo_group
 
 __all__ = ["DataPipeNode", "World", "as_node"]
 
@@ -183,6 +183,7 @@ def as_node(
         and not isinstance(graph, FullSyncIterDataPipe)
     ):
         graph = FullSyncIterDataPipe(graph, timeout, policy=equal_length)
+        graph.set_process_group(gloo_group(timeout))
     if not isinstance(graph, IterDataPipe):
         raise TypeError(f"as_node needs an IterDataPipe graph, got {type(graph).__name__}")
     return DataPipeNode(graph, world, seed)

@@ -32,7 +32,12 @@ from shardpipes.dataloader2._worker import EpochSlot, WorkerDataset, WorkerPoolI
 from shardpipes.dataloader2.seeding import SeedGenerator, seed_graph
 from shardpipes.datapipes.iter._index_length import exact_length_plan
 from shardpipes.datapipes.iter.prefetch import PinMemoryIterDataPipe, PrefetcherIterDataPipe
-from shardpipes.datapipes.iter.sync import ExactLengthIterDataPipe, FullSyncIterDataPipe, Policy
+from shardpipes.datapipes.iter.sync import (
+    ExactLengthIterDataPipe,
+    FullSyncIterDataPipe,
+    Policy,
+    gloo_group,
+)
 from shardpipes.errors import ShardingWarning, WorkerError
 from shardpipes.handlers import SkipStats
 
@@ -349,13 +354,7 @@ class DistributedReadingService(ReadingServiceInterface):
                 "torch.distributed.init_process_group(...) first, or launch with torchrun"
             )
         self._rank, self._world_size = dist.get_rank(), dist.get_world_size()
-        timeout = datetime.timedelta(seconds=self.timeout)
-        # Our collectives are on small CPU tensors: use gloo even when training uses NCCL.
-        self._group = (
-            None
-            if dist.get_backend() == "gloo"
-            else dist.new_group(backend="gloo", timeout=timeout)
-        )
+        self._group = gloo_group(self.timeout)  # gloo even when training uses NCCL
         _warn_unsharded(datapipe, self._world_size, "DistributedReadingService")
         apply_sharding(datapipe, self._world_size, self._rank, SHARDING_PRIORITIES.DISTRIBUTED)
         tail, core = _split_tail(datapipe)

@@ -175,7 +175,7 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(super().__getstate__())  # type: ignore[no-untyped-call]
-        if not isinstance(self.index, str | type(None)):
-            return state  # a ShardIndex object given by the caller travels with the graph
-        state["_loaded"] = None  # each process loads the index file itself, once
+        if self.index is None or isinstance(self.index, str):
+            state["_loaded"] = None  # each process loads the index file itself, once
+        # (a ShardIndex object the caller passed travels with the graph)
         return state

@@ -29,10 +29,21 @@ from shardpipes.datapipes.iter._base import StageIterDataPipe, register
 from shardpipes.datapipes.iter._index_length import index_length
 from shardpipes.errors import WorkerError
 
-__all__ = ["ExactLengthIterDataPipe", "FullSyncIterDataPipe", "SyncStats"]
+__all__ = ["ExactLengthIterDataPipe", "FullSyncIterDataPipe", "SyncStats", "gloo_group"]
 
 T = TypeVar("T")
 Policy = Literal["stop", "pad"]
+
+
+def gloo_group(timeout: float) -> Any:
+    """A process group for our small CPU collectives: the default one if it is gloo, else a new gloo group.
+
+    Training often uses NCCL, which cannot reduce CPU tensors. ``new_group`` is a collective:
+    every rank must call this at the same point.
+    """
+    if dist.get_backend() == "gloo":
+        return None
+    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
 
 
 class SyncStats:
