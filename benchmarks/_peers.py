@@ -1,0 +1,335 @@
+"""The pipelines measured, one per peer, all doing the same logical work.
+
+list -> open -> tar -> group by key -> decode ``.cls`` (int) and ``.json`` (object), ``.bin``
+stays bytes -> shuffle (buffer 1000) -> batch 64, each batch a plain ``list`` of sample dicts.
+``workers=0`` runs in the calling process; ``workers>0`` uses the peer's own multi-process loader.
+
+Imports happen inside the functions: this module is loaded in interpreters that have only some
+of the libraries (torchdata 0.9 and shardpipes register the same DataPipe names and can never
+share a process). Every callable handed to a worker is a module-level function so it pickles.
+
+Peer, in-process / with workers, and what a batch is:
+
+- ``shardpipes``: the graph iterated directly / ``shardpipes.dataloader2.DataLoader2`` with
+  ``MultiProcessingReadingService(num_workers)`` (torch ``DataLoader(batch_size=None)`` if that
+  module does not import). ``.batch(64)`` yields lists.
+- ``shardpipes_dl2``: the same graph run by ``DataLoader2()`` in-process (its own copy of the
+  graph, where shardpipes swaps torch's hooked ``shuffle``/``batch`` for lean equivalents).
+- ``torchdata09``: the same graph with torchdata 0.9's DataPipes (decode is a ``map`` over
+  ``(path, stream)`` members before ``.webdataset()``, as torchdata's docs show) / torchdata 0.9
+  ``DataLoader2`` + ``MultiProcessingReadingService`` (which fails on this data: see
+  ``torchdata09_dl``, the same graph under torch's ``DataLoader``). ``.batch(64)`` yields lists.
+- ``webdataset``: ``wds.WebDataset(urls, shardshuffle=False).decode().shuffle(1000)
+  .batched(64, collation_fn=None)`` iterated directly / ``wds.WebLoader(ds, batch_size=None,
+  num_workers=N)`` (shards split by worker, webdataset's default). ``collation_fn=None`` gives
+  lists; webdataset's default collation would build a dict of columns instead.
+- ``wids``: ``wids.ShardListDataset(descriptor)`` (shards opened in place, ``lru_size`` = number
+  of shards) with ``default_decoder``'s basic decoding (see ``wids_decode``) + ``ChunkedSampler(chunksize=1000)`` (shuffles within
+  chunks of 1000 indices: wids' counterpart of a 1000-sample buffer) and torch ``DataLoader
+  (batch_size=64, collate_fn=list)``, with ``num_workers`` 0 or N.
+- ``tarfile``: Python's ``tarfile`` in stream mode reading every member's bytes (and counting
+  keys), nothing else: the floor of any tarfile-based loader. In-process only.
+- ``cat``: ``cat`` of the shard files to ``/dev/null``: the I/O limit. Handled by the runner.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+Made = tuple[Iterable[Any], Callable[[], None], str]
+
+
+# --- functions that cross into worker processes: module level ---------------------------------
+
+
+def as_list(batch: list[Any]) -> list[Any]:
+    return batch
+
+
+def same_path(url: str) -> str:
+    return url
+
+
+def wids_decode(sample: dict) -> dict:
+    """wids' ``default_decoder`` without its image step (which imports Pillow unconditionally).
+
+    wids hands out fields as ``BytesIO`` streams; the undecoded ones become ``bytes`` here, as
+    every other peer yields them (``getvalue`` shares the buffer: no copy).
+    """
+    import io
+
+    from wids.wids_decode import decode_all_gz, decode_basic
+
+    sample = decode_basic(decode_all_gz(dict(sample), update_key=False))
+    for k, v in sample.items():
+        if isinstance(v, io.BytesIO):
+            sample[k] = v.getvalue()
+    return sample
+
+
+def wds_gopen_fsspec(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> Any:
+    """An ``s3://`` handler for webdataset's ``gopen``: fsspec (s3fs), as the other peers read."""
+    import fsspec
+
+    return fsspec.open(url, mode).open()
+
+
+def td09_decode_member(item: tuple[str, Any]) -> tuple[str, Any]:
+    path, stream = item
+    data = stream.read()
+    stream.close()
+    if path.endswith(".cls"):
+        return path, int(data)
+    if path.endswith(".json"):
+        return path, json.loads(data)
+    return path, data
+
+
+# --- peers ------------------------------------------------------------------------------------
+
+
+def shardpipes(m: dict, workers: int, cfg: dict) -> Made:
+    from shardpipes.datapipes.iter import IterableWrapper
+
+    dp = (
+        IterableWrapper(m["paths"])
+        .sharding_filter()
+        .open_files_by_fsspec(mode="rb")
+        .load_from_tar()
+        .webdataset()
+        .decode()
+        .shuffle(buffer_size=cfg["shuffle"])
+        .batch(cfg["batch"])
+    )
+    if workers == 0:
+        return dp, _nothing, "graph iterated directly"
+    try:
+        from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService
+    except ImportError as exc:
+        from torch.utils.data import DataLoader
+
+        dl = DataLoader(dp, batch_size=None, num_workers=workers)
+        return (
+            dl,
+            _nothing,
+            f"torch DataLoader(batch_size=None, num_workers={workers}) [stand-in: {exc}]",
+        )
+    dl2 = DataLoader2(dp, reading_service=MultiProcessingReadingService(num_workers=workers))
+    return dl2, dl2.shutdown, f"shardpipes DataLoader2 + MultiProcessingReadingService({workers})"
+
+
+def shardpipes_dl2(m: dict, workers: int, cfg: dict) -> Made:
+    """The same graph run by ``DataLoader2`` with its default in-process reading service.
+
+    The loader runs its own copy of the graph, in which shardpipes may swap torch's hooked
+    stages (``shuffle``, ``batch``) for lean equivalents: this row shows what that is worth
+    next to iterating the user's graph directly.
+    """
+    if workers:
+        raise ValueError("shardpipes_dl2 is the in-process DataLoader2 row; shardpipes has workers")
+    from shardpipes.dataloader2 import DataLoader2
+
+    dp, _, _ = shardpipes(m, 0, cfg)
+    dl2 = DataLoader2(dp)
+    return dl2, dl2.shutdown, "shardpipes DataLoader2 (default in-process reading service)"
+
+
+def torchdata09(m: dict, workers: int, cfg: dict) -> Made:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the deprecation banner of torchdata.datapipes
+        from torchdata.datapipes.iter import IterableWrapper
+
+    dp = (
+        IterableWrapper(m["paths"])
+        .sharding_filter()
+        .open_files_by_fsspec(mode="rb")
+        .load_from_tar()
+        .map(td09_decode_member)
+        .webdataset()
+        .shuffle(buffer_size=cfg["shuffle"])
+        .batch(cfg["batch"])
+    )
+    if workers == 0:
+        return dp, _nothing, "graph iterated directly"
+    from torchdata.dataloader2 import DataLoader2, MultiProcessingReadingService
+
+    dl2 = DataLoader2(dp, reading_service=MultiProcessingReadingService(num_workers=workers))
+    return (
+        dl2,
+        dl2.shutdown,
+        f"torchdata 0.9 DataLoader2 + MultiProcessingReadingService({workers})",
+    )
+
+
+def torchdata09_dl(m: dict, workers: int, cfg: dict) -> Made:
+    """torchdata 0.9's DataPipes run by torch's ``DataLoader`` (workers only).
+
+    torchdata 0.9's own ``DataLoader2`` + ``MultiProcessingReadingService`` fails on this data
+    ("Can not expect any response without submitted request" when the first worker runs out;
+    upstream meta-pytorch/data#1310, never fixed). torch's ``DataLoader`` applies the graph's
+    ``sharding_filter`` per worker itself, so the same graph runs in 2 workers this way.
+    """
+    if workers == 0:
+        raise ValueError("torchdata09_dl measures workers only; torchdata09 is the in-process row")
+    from torch.utils.data import DataLoader
+
+    dp, _, _ = torchdata09(m, 0, cfg)
+    dl = DataLoader(dp, batch_size=None, num_workers=workers)
+    return (
+        dl,
+        _nothing,
+        f"torch DataLoader(batch_size=None, num_workers={workers}) over torchdata 0.9 DataPipes",
+    )
+
+
+def webdataset(m: dict, workers: int, cfg: dict) -> Made:
+    import webdataset as wds
+
+    if m.get("transport") == "s3":
+        # webdataset 1.0.2 has no s3:// handler (its docs pipe through `aws s3 cp`); register
+        # fsspec's, as its docs suggest for other schemes. Workers inherit it (fork).
+        import importlib
+
+        # the package's `gopen` attribute is the function; the table lives in the module
+        importlib.import_module("webdataset.gopen").gopen_schemes["s3"] = wds_gopen_fsspec
+    ds = (
+        wds.WebDataset(m["paths"], shardshuffle=False)
+        .decode()
+        .shuffle(cfg["shuffle"])
+        .batched(cfg["batch"], collation_fn=None)
+    )
+    if workers == 0:
+        return ds, _nothing, "WebDataset iterated directly"
+    loader = wds.WebLoader(ds, batch_size=None, num_workers=workers)
+    return loader, _nothing, f"wds.WebLoader(batch_size=None, num_workers={workers})"
+
+
+def wids(m: dict, workers: int, cfg: dict) -> Made:
+    import wids as wids_
+    from torch.utils.data import DataLoader
+
+    ds = wids_.ShardListDataset(
+        m["wids_descriptor"],
+        localname=same_path,  # read the shards where they are (no copy into a cache dir)
+        lru_size=len(m["paths"]),
+        transformations=[wids_decode],
+    )
+    sampler = wids_.ChunkedSampler(ds, chunksize=cfg["shuffle"], shuffle=True, seed=0)
+    dl = DataLoader(
+        ds, batch_size=cfg["batch"], sampler=sampler, num_workers=workers, collate_fn=as_list
+    )
+    return (
+        dl,
+        ds.close,
+        f"torch DataLoader(batch_size={cfg['batch']}, num_workers={workers}) over ShardListDataset",
+    )
+
+
+class _TarfileOnly:
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = paths
+
+    def __iter__(self):
+        import tarfile
+
+        for path in self.paths:
+            count = 0
+            last = None
+            with open(path, "rb") as f, tarfile.open(fileobj=f, mode="r|") as tar:
+                for info in tar:
+                    if not info.isfile():
+                        continue
+                    data = tar.extractfile(info).read()  # noqa: F841 - reading is the work measured
+                    key = info.name.split(".", 1)[0]
+                    if key != last:
+                        count += 1
+                        last = key
+                    tar.members = []  # as webdataset does: do not keep every TarInfo
+            yield range(count)  # the runner counts len() of each item
+
+
+def tarfile(m: dict, workers: int, cfg: dict) -> Made:
+    if workers:
+        raise ValueError("the tarfile peer runs in-process only")
+    return _TarfileOnly(m["paths"]), _nothing, "tarfile.open(mode='r|') reading each member"
+
+
+def _nothing() -> None:
+    pass
+
+
+PEERS: dict[str, Callable[[dict, int, dict], Made]] = {
+    "shardpipes": shardpipes,
+    "shardpipes_dl2": shardpipes_dl2,
+    "torchdata09": torchdata09,
+    "torchdata09_dl": torchdata09_dl,
+    "webdataset": webdataset,
+    "wids": wids,
+    "tarfile": tarfile,
+}
+
+
+# Imported by the runner before the clock starts, so import time is never measured.
+PRELOAD: dict[str, list[str]] = {
+    "shardpipes": [
+        "torch",
+        "fsspec.implementations.local",
+        "shardpipes.datapipes.iter",
+        "shardpipes.dataloader2",
+    ],
+    "torchdata09": [
+        "torch",
+        "fsspec.implementations.local",
+        "torchdata.datapipes.iter",
+        "torchdata.dataloader2",
+    ],
+    "shardpipes_dl2": ["torch", "fsspec.implementations.local", "shardpipes.dataloader2"],
+    "torchdata09_dl": ["torch", "fsspec.implementations.local", "torchdata.datapipes.iter"],
+    "webdataset": ["torch", "webdataset"],
+    "wids": ["torch", "wids", "wids.wids_decode"],
+    "tarfile": ["tarfile"],
+    "cat": [],
+    "s3cat": ["s3fs"],
+}
+
+
+def preload(peer: str) -> None:
+    import importlib
+    import warnings
+
+    for name in PRELOAD[peer]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torchdata 0.9's deprecation banner
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                if peer == "shardpipes" and name == "shardpipes.dataloader2":
+                    continue  # the stand-in loader is used; see shardpipes()
+                raise
+
+
+def library_versions(peer: str) -> dict[str, str]:
+    from importlib import metadata
+
+    names = {
+        "shardpipes": ["shardpipes", "torch", "torchdata"],
+        "shardpipes_dl2": ["shardpipes", "torch", "torchdata"],
+        "torchdata09": ["torchdata", "torch"],
+        "torchdata09_dl": ["torchdata", "torch"],
+        "webdataset": ["webdataset", "torch"],
+        "wids": ["wids", "torch"],
+        "tarfile": [],
+        "cat": [],
+        "s3cat": ["s3fs", "fsspec"],
+    }[peer]
+    if peer in ("shardpipes", "torchdata09", "torchdata09_dl"):
+        names = [*names, "fsspec", "s3fs"]
+    out = {"python": sys.version.split()[0]}
+    installed = {d.metadata["Name"].lower(): d.version for d in metadata.distributions()}
+    out.update({n: installed.get(n, "missing") for n in names})
+    return out

@@ -1,0 +1,172 @@
+"""Medians, the table, the ratios and the targets of the performance issue."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+
+__all__ = ["MODE_NAMES", "ratios", "summarise", "table", "targets"]
+
+MODE_NAMES = {0: "in-process"}
+
+
+def mode_name(workers: int) -> str:
+    return MODE_NAMES.get(workers, f"{workers} workers")
+
+
+def summarise(results: Iterable[dict]) -> dict:
+    """Group trial results by (peer, workers) and take medians."""
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for r in results:
+        groups.setdefault((r["peer"], r["workers"]), []).append(r)
+    out = {}
+    for key, rs in groups.items():
+        ok = [r for r in rs if "error" not in r]
+        row: dict = {
+            "peer": key[0],
+            "workers": key[1],
+            "runs": len(ok),
+            "failed": len(rs) - len(ok),
+        }
+        if not ok:
+            row["error"] = rs[-1]["error"]
+            out[key] = row
+            continue
+        sps = [r["samples"] / r["seconds"][-1] for r in ok]
+        mbs = [r["bytes"] / r["seconds"][-1] / 1e6 for r in ok]
+        row.update(
+            loader=ok[-1]["loader"],
+            samples=ok[-1]["samples"],
+            expected=ok[-1]["expected"],
+            samples_per_s=statistics.median(sps),
+            mb_per_s=statistics.median(mbs),
+            spread=(max(sps) - min(sps)) / statistics.median(sps) if len(sps) > 1 else 0.0,
+            cpu_s=statistics.median(r["cpu_s"] for r in ok),
+            samples_per_cpu_s=statistics.median(
+                r["samples"] / r["cpu_s"] for r in ok if r["cpu_s"] > 0
+            )
+            if any(r["cpu_s"] > 0 for r in ok)
+            else None,
+            first_batch_s=_median_or_none(r["first_batch_s"] for r in ok),
+            rss_main_mb=statistics.median(r["rss_main_mb"] for r in ok),
+            rss_import_mb=statistics.median(r["rss_import_mb"] for r in ok),
+            rss_children_mb=statistics.median(r["rss_children_mb"] for r in ok),
+            versions=ok[-1]["versions"],
+        )
+        if any(r["samples"] != r["expected"] for r in ok):
+            row["error"] = f"sample count {ok[-1]['samples']} != {ok[-1]['expected']}"
+        out[key] = row
+    return out
+
+
+def _median_or_none(xs: Iterable[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _fmt(x: float | None, digits: int = 0) -> str:
+    if x is None:
+        return "-"
+    return f"{x:,.{digits}f}"
+
+
+def table(rows: dict, order: list[str]) -> str:
+    head = (
+        "| peer | mode | samples/s | MB/s | spread | samples/CPU-s | CPU s | 1st batch s | "
+        "peak RSS MB (main) | peak RSS MB (largest child) | runs |"
+    )
+    lines = [head, "|" + "---|" * 11]
+    keys = sorted(rows, key=lambda k: (order.index(k[0]) if k[0] in order else 99, k[1]))
+    for key in keys:
+        r = rows[key]
+        if "samples_per_s" not in r:
+            lines.append(
+                f"| {r['peer']} | {mode_name(r['workers'])} | failed: {r['error'][:80]} | | | | | | | | 0 |"
+            )
+            continue
+        child = _fmt(r["rss_children_mb"]) if r["workers"] or r["peer"] == "cat" else "-"
+        err = f" ({r['error']})" if "error" in r else ""
+        lines.append(
+            f"| {r['peer']}{err} | {mode_name(r['workers'])} | {_fmt(r['samples_per_s'])} | "
+            f"{_fmt(r['mb_per_s'])} | {r['spread'] * 100:.0f}% | {_fmt(r['samples_per_cpu_s'])} | "
+            f"{_fmt(r['cpu_s'], 2)} | {_fmt(r['first_batch_s'], 2)} | "
+            f"{_fmt(r['rss_main_mb'])} | {child} | {r['runs']} |"
+        )
+    return "\n".join(lines)
+
+
+def loaders(rows: dict) -> str:
+    seen = {}
+    for (peer, workers), r in sorted(rows.items()):
+        if "loader" in r:
+            seen[(peer, workers)] = r["loader"]
+    return "\n".join(f"- {peer}, {mode_name(w)}: {text}" for (peer, w), text in seen.items())
+
+
+def _get(rows: dict, peer: str, workers: int, what: str) -> float | None:
+    r = rows.get((peer, workers))
+    return r.get(what) if r else None
+
+
+def ratios(rows: dict, workers: int, limit: str = "cat") -> list[str]:
+    out = []
+    for mode in (0, workers):
+        sp = _get(rows, "shardpipes", mode, "samples_per_s")
+        if sp is None:
+            continue
+        sp_cpu = _get(rows, "shardpipes", mode, "samples_per_cpu_s")
+        for peer in (
+            "webdataset",
+            "torchdata09",
+            "torchdata09_dl",
+            "wids",
+            "tarfile",
+            "shardpipes_dl2",
+        ):
+            other = _get(rows, peer, mode, "samples_per_s")
+            other_cpu = _get(rows, peer, mode, "samples_per_cpu_s")
+            if other:
+                cpu = f"; per CPU-second {sp_cpu / other_cpu:.2f}x" if sp_cpu and other_cpu else ""
+                out.append(f"shardpipes/{peer} ({mode_name(mode)}): {sp / other:.2f}x{cpu}")
+        cat = _get(rows, limit, 0, "mb_per_s")
+        mb = _get(rows, "shardpipes", mode, "mb_per_s")
+        if cat and mb:
+            out.append(f"shardpipes/limit ({limit} MB/s, {mode_name(mode)}): {mb / cat:.1%}")
+    return out
+
+
+def targets(preset: str, rows: dict, workers: int) -> list[str]:
+    """The goals of the performance issue, with where we stand."""
+    sp0 = _get(rows, "shardpipes", 0, "samples_per_s")
+    spw = _get(rows, "shardpipes", workers, "samples_per_s")
+    out = []
+
+    def line(name: str, value: float | None, goal: float, unit: str = "x") -> None:
+        if value is None:
+            out.append(f"[ n/a ] {name}: not measured")
+            return
+        ok = "PASS" if value >= goal else "MISS"
+        out.append(f"[{ok}] {name}: {value:.2f}{unit} (target >= {goal:g}{unit})")
+
+    if preset in ("small", "quick"):
+        for peer in ("webdataset", "torchdata09"):
+            other = _get(rows, peer, 0, "samples_per_s")
+            line(f"small in-process vs {peer}", sp0 / other if sp0 and other else None, 5)
+        # torchdata 0.9's DataLoader2 + MultiProcessingReadingService fails on this data (see
+        # docs/performance.md); its DataPipes under torch's DataLoader stand in for the ratio.
+        line(
+            f"small {workers} workers vs shardpipes in-process",
+            spw / sp0 if spw and sp0 else None,
+            1.7,
+        )
+    if preset in ("large", "quick"):
+        cat = _get(rows, "cat", 0, "mb_per_s")
+        mb0 = _get(rows, "shardpipes", 0, "mb_per_s")
+        mbw = _get(rows, "shardpipes", workers, "mb_per_s")
+        line("large in-process vs cat MB/s", mb0 / cat if mb0 and cat else None, 0.6)
+        line(
+            f"large {workers} workers vs shardpipes in-process",
+            mbw / mb0 if mbw and mb0 else None,
+            1.0,
+        )
+    return out
