@@ -12,17 +12,18 @@ from torch.utils.data.graph_settings import get_all_graph_pipes
 
 from shardpipes.handlers import SkipStats
 
-__all__ = ["graph_skips", "merge_skips", "skips_from_dict", "skips_to_dict"]
+__all__ = ["graph_skips", "merge_skips", "skip_counters", "skips_from_dict", "skips_to_dict"]
+
+
+def skip_counters(datapipe: IterDataPipe[Any]) -> list[SkipStats]:
+    """The ``skipped`` counters of the stages of ``datapipe`` (a graph walk: find them once)."""
+    found = (getattr(dp, "skipped", None) for dp in get_all_graph_pipes(traverse_dps(datapipe)))
+    return [stats for stats in found if isinstance(stats, SkipStats)]
 
 
 def graph_skips(datapipe: IterDataPipe[Any]) -> SkipStats:
     """Sum the ``skipped`` counters of every stage of ``datapipe``."""
-    total = SkipStats()
-    for dp in get_all_graph_pipes(traverse_dps(datapipe)):
-        stats = getattr(dp, "skipped", None)
-        if isinstance(stats, SkipStats):
-            total.merge(stats)
-    return total
+    return merge_skips(skip_counters(datapipe))
 
 
 def skips_to_dict(stats: SkipStats) -> dict[str, Any]:
