@@ -23,13 +23,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.utils.data import IterDataPipe
-from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, _ShardingIterDataPipe
+from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import apply_sharding, get_all_graph_pipes
 
 from shardpipes.dataloader2._stats import graph_skips, merge_skips, skips_from_dict
 from shardpipes.dataloader2._worker import EpochSlot, WorkerDataset, WorkerPoolIterDataPipe
-from shardpipes.dataloader2.seeding import SeedGenerator, seed_graph
+from shardpipes.dataloader2.seeding import SeedGenerator, has_sharding, seed_graph
 from shardpipes.datapipes.iter._index_length import exact_length_plan
 from shardpipes.datapipes.iter.prefetch import PinMemoryIterDataPipe, PrefetcherIterDataPipe
 from shardpipes.datapipes.iter.sync import (
@@ -78,14 +78,8 @@ class ReadingServiceInterface(ABC):
         return None
 
 
-def _has_sharding(datapipe: IterDataPipe[Any]) -> bool:
-    return any(
-        isinstance(dp, _ShardingIterDataPipe) for dp in get_all_graph_pipes(traverse_dps(datapipe))
-    )
-
-
 def _warn_unsharded(datapipe: IterDataPipe[Any], readers: int, who: str) -> None:
-    if readers > 1 and not _has_sharding(datapipe):
+    if readers > 1 and not has_sharding(traverse_dps(datapipe)):
         warnings.warn(
             f"{who}: the graph has no sharding_filter, so each of the {readers} readers yields "
             "all of the data; add .sharding_filter() after the shard-level stages",

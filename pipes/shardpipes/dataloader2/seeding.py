@@ -28,7 +28,7 @@ from torch.utils.data.graph import DataPipeGraph, traverse_dps
 
 from shardpipes._seeds import derive_seed
 
-__all__ = ["SeedGenerator", "random_stages", "seed_graph"]
+__all__ = ["SeedGenerator", "has_sharding", "random_stages", "seed_graph"]
 
 
 @dataclass(frozen=True)
@@ -64,14 +64,15 @@ def _walk(graph: DataPipeGraph) -> Iterator[tuple[Any, bool]]:
     # graph maps id -> (datapipe, subgraph of its sources). A stage is "after sharding" when a
     # sharding stage lies between it and the sources, i.e. somewhere in its own subgraph.
     for dp, sources in graph.values():
-        below = _has_sharding(sources)
+        below = has_sharding(sources)
         yield dp, below
         yield from _walk(sources)
 
 
-def _has_sharding(graph: DataPipeGraph) -> bool:
+def has_sharding(graph: DataPipeGraph) -> bool:
+    """Whether a sharding stage (``sharding_filter``, ``sharding_by_index``) is in ``graph``."""
     return any(
-        isinstance(dp, _ShardingIterDataPipe) or _has_sharding(sources)
+        isinstance(dp, _ShardingIterDataPipe) or has_sharding(sources)
         for dp, sources in graph.values()
     )
 
