@@ -1,9 +1,12 @@
-"""The graph most loader tests run: synthetic shards -> sample ids, shuffled and batched."""
+"""The graphs most loader tests run (synthetic shards -> sample ids, shuffled and batched), and
+helpers that run a loader uninterrupted or resumed from a state."""
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
+from shardpipes.dataloader2 import DataLoader2
 from shardpipes.datapipes.iter import IterableWrapper
 
 
@@ -27,3 +30,47 @@ def id_graph(pattern: str, *, batch_size: int = 4, buffer_size: int = 16) -> Any
         .shuffle(buffer_size=buffer_size)
         .batch(batch_size)
     )
+
+
+def indexed_graph(pattern: str, *, batch_size: int = 4, buffer_size: int = 16) -> Any:
+    """``id_graph`` with ``sharding_by_index`` (the sidecar index must exist) in place of ``sharding_filter``."""
+    return (
+        IterableWrapper([pattern])
+        .shard_expand()
+        .shuffle()
+        .sharding_by_index()
+        .open_files_by_fsspec()
+        .load_from_tar()
+        .webdataset()
+        .decode()
+        .map(sample_id)
+        .shuffle(buffer_size=buffer_size)
+        .batch(batch_size)
+    )
+
+
+def uninterrupted(dp: Any, rs: Any, epochs: int = 2, seed: int = 3) -> tuple[list[Any], list[Any]]:
+    """All batches of ``epochs`` epochs, with the state taken after each batch and each epoch."""
+    batches, states = [], []
+    with DataLoader2(dp, reading_service=rs) as dl:
+        dl.seed(seed)
+        states.append(dl.state_dict())
+        for _ in range(epochs):
+            for b in dl:
+                batches.append(list(b))
+                states.append(dl.state_dict())
+            states[-1] = dl.state_dict()  # after the epoch ends: the next epoch's start
+    return batches, states
+
+
+def resumed(dp: Any, rs: Any, state: dict[str, Any], n: int) -> list[Any]:
+    """The first ``n`` batches of a new loader restored from ``state`` (crossing epochs)."""
+    out: list[Any] = []
+    with DataLoader2(dp, reading_service=rs) as dl:
+        dl.load_state_dict(pickle.loads(pickle.dumps(state)))
+        while len(out) < n:
+            got = [list(b) for b in dl]
+            if not got:
+                break
+            out.extend(got)
+    return out[:n]

@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 from _dist import run_ranks
-from _graphs import id_graph
+from _graphs import id_graph, resumed, uninterrupted
 from shardpipes.dataloader2 import (
     DataLoader2,
     DistributedReadingService,
@@ -16,32 +16,6 @@ from shardpipes.dataloader2 import (
 )
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.synthetic import write_synthetic
-
-
-def uninterrupted(dp, rs, epochs=2, seed=3):
-    """All batches of `epochs` epochs, with the state taken after each batch and each epoch."""
-    batches, states = [], []
-    with DataLoader2(dp, reading_service=rs) as dl:
-        dl.seed(seed)
-        states.append(dl.state_dict())
-        for _ in range(epochs):
-            for b in dl:
-                batches.append(list(b))
-                states.append(dl.state_dict())
-            states[-1] = dl.state_dict()  # after the epoch ends: the next epoch's start
-    return batches, states
-
-
-def resumed(dp, rs, state, n):
-    out = []
-    with DataLoader2(dp, reading_service=rs) as dl:
-        dl.load_state_dict(pickle.loads(pickle.dumps(state)))
-        while len(out) < n:
-            got = [list(b) for b in dl]
-            if not got:
-                break
-            out.extend(got)
-    return out[:n]
 
 
 @pytest.mark.parametrize("workers", [0, 2], ids=["in-process", "2-workers"])

@@ -20,6 +20,7 @@ absolute. The default sidecar location is :func:`default_index_url`.
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import io
 import json
@@ -682,6 +683,66 @@ def find_index(
     return candidate if fs.exists(path) else None
 
 
+_SPAN_GAP = 256 << 10  # spans closer than this are fetched with one request
+
+
+class _LocalSpans(io.RawIOBase):
+    """The bytes of several spans of one local file, one after the other."""
+
+    def __init__(self, path: str, spans: Sequence[tuple[int, int]]) -> None:
+        super().__init__()
+        self._f = open(path, "rb")  # noqa: SIM115  # closed by close()
+        self._spans = list(spans)
+        self._i = 0
+        self._left = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int | None = -1) -> bytes:
+        want = sum(s for _, s in self._spans[self._i :]) + self._left if n is None or n < 0 else n
+        parts = []
+        while want > 0:
+            if not self._left:
+                if self._i == len(self._spans):
+                    break
+                off, self._left = self._spans[self._i]
+                self._i += 1
+                self._f.seek(off)
+            data = self._f.read(min(want, self._left))
+            if not data:
+                break  # RangeFile reports the short read
+            parts.append(data)
+            want -= len(data)
+            self._left -= len(data)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
+
+
+def _open_spans(fs: Any, path: str, spans: Sequence[tuple[int, int]]) -> IO[bytes]:
+    if isinstance(fs, LocalFileSystem):
+        return cast(IO[bytes], _LocalSpans(path, spans))
+    groups: list[list[int]] = []  # [start, end] of each request
+    for off, size in sorted(spans):
+        if groups and off - groups[-1][1] <= _SPAN_GAP:
+            groups[-1][1] = max(groups[-1][1], off + size)
+        else:
+            groups.append([off, off + size])
+    blobs = fs.cat_ranges([path] * len(groups), [g[0] for g in groups], [g[1] for g in groups])
+    starts = [g[0] for g in groups]
+    parts = []
+    for off, size in spans:
+        i = bisect.bisect_right(starts, off) - 1
+        blob = blobs[i]
+        if isinstance(blob, Exception):  # cat_ranges(on_error="return") style results
+            raise blob
+        parts.append(blob[off - starts[i] : off - starts[i] + size])
+    return io.BytesIO(b"".join(parts))
+
+
 class RangeFile(io.RawIOBase):
     """A read-only stream of bytes ``[offset, offset + size)`` of a shard, returned by :func:`open_range`.
 
@@ -755,8 +816,15 @@ def open_range(
     *,
     max_fetch: int = 8 << 20,
     block_size: int = 8 << 20,
+    spans: Sequence[tuple[int, int]] = (),
 ) -> RangeFile:
     """Open bytes ``[offset, offset + size)`` of a shard, e.g. a run of samples from the index.
+
+    With ``spans`` (``(offset, size)`` pairs, ``size`` their total), the stream is those spans
+    one after the other: a *sparse* range, as a resumed epoch reads the samples that sat in a
+    shuffle buffer. Local files: one ``open``, a ``seek`` per span. Other filesystems: one
+    ``fs.cat_ranges`` call (concurrent requests on s3fs, gcsfs and HTTP), spans closer than
+    256 KiB fetched together.
 
     Local files: one ``open`` and one ``seek``. Other filesystems: a range of at most
     ``max_fetch`` bytes is fetched whole with one ranged request (``fs.cat_file(path, start,
@@ -771,6 +839,7 @@ def open_range(
         storage_options: Passed to fsspec.
         max_fetch: Largest range fetched in one request. Default: ``8 MiB``.
         block_size: Request size for longer ranges. Default: ``8 MiB``.
+        spans: ``(offset, size)`` byte spans for a sparse range (then ``size`` is their total).
 
     Raises:
         ValueError: Negative ``offset`` or ``size``.
@@ -792,9 +861,12 @@ def open_range(
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} should be an int >= 0, got {value!r}")
     fs, path = filesystem(url, storage_options)
+    raw: IO[bytes]
     try:
-        if isinstance(fs, LocalFileSystem):
-            raw: IO[bytes] = open(path, "rb")  # noqa: SIM115  # closed by RangeFile.close
+        if spans:
+            raw = _open_spans(fs, path, spans)
+        elif isinstance(fs, LocalFileSystem):
+            raw = open(path, "rb")  # noqa: SIM115  # closed by RangeFile.close
             raw.seek(offset)
         elif size <= max_fetch:
             raw = io.BytesIO(fs.cat_file(path, start=offset, end=offset + size))

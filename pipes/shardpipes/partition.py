@@ -30,7 +30,6 @@ simply split between readers.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -132,8 +131,11 @@ def shard_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool = True)
     epoch = _check_int("epoch", epoch, 0)
     if not shuffle:
         return list(range(num_shards))
-    rng = random.Random(derive_seed([seed, epoch, 0, 0]))
-    return list(buffered_shuffle(range(num_shards), rng, DEFAULT_SHUFFLE_BUFFER))
+    return list(
+        buffered_shuffle(
+            range(num_shards), derive_seed([seed, epoch, 0, 0]), DEFAULT_SHUFFLE_BUFFER
+        )
+    )
 
 
 def positions_to_ranges(

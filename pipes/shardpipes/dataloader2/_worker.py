@@ -20,34 +20,49 @@ from torch.utils.data import IterableDataset, IterDataPipe, get_worker_info
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torch.utils.data.graph_settings import apply_sharding
 
+from shardpipes._resume import Segment
 from shardpipes.dataloader2._stats import merge_skips, skip_counters, skips_to_dict
 from shardpipes.dataloader2.seeding import SeedGenerator, seed_graph
 from shardpipes.datapipes.iter._base import StageIterDataPipe
 
 __all__ = ["EpochSlot", "WorkerDataset", "WorkerPoolIterDataPipe"]
 
-# Slots of the shared epoch tensor: seed, epoch, then the spawn path (rank, ...), its length.
+# Slots of the shared epoch tensor: seed, epoch, the spawn path's length, the path (rank, ...),
+# then the number of stretches of a resumed epoch and the stretches (4 numbers each).
 _MAX_PATH = 4
+_MAX_SEGMENTS = 8
 
 
 class EpochSlot:
     """A shared-memory record of the current epoch's seed generator, read by the workers."""
 
     def __init__(self) -> None:
-        self.tensor = torch.zeros(3 + _MAX_PATH, dtype=torch.int64)
+        self.tensor = torch.zeros(4 + _MAX_PATH + 4 * _MAX_SEGMENTS, dtype=torch.int64)
         self.tensor.share_memory_()  # type: ignore[no-untyped-call]
 
     def write(self, gen: SeedGenerator) -> None:
         """Publish ``gen`` (called in the main process before each epoch)."""
         if len(gen.path) > _MAX_PATH:
             raise ValueError(f"seed path {gen.path} is deeper than {_MAX_PATH}")
-        values = [gen.seed, gen.epoch, len(gen.path), *gen.path]
+        if len(gen.resume) > _MAX_SEGMENTS:
+            raise ValueError(
+                f"the epoch was resumed with another topology {len(gen.resume) - 1} times; at most "
+                f"{_MAX_SEGMENTS - 1} are supported within one epoch"
+            )
+        path = [*gen.path, *[0] * (_MAX_PATH - len(gen.path))]
+        segments = [v for seg in gen.resume for v in seg.as_list()]
+        values = [gen.seed, gen.epoch, len(gen.path), *path, len(gen.resume), *segments]
         self.tensor[: len(values)] = torch.tensor(values, dtype=torch.int64)
 
     def read(self) -> SeedGenerator:
         """Return the published generator (called in a worker at the start of each epoch)."""
-        seed, epoch, depth, *path = (int(v) for v in self.tensor.tolist())
-        return SeedGenerator(seed, epoch, tuple(path[:depth]))
+        values = [int(v) for v in self.tensor.tolist()]
+        seed, epoch, depth = values[:3]
+        path = tuple(values[3 : 3 + depth])
+        count = values[3 + _MAX_PATH]
+        at = 4 + _MAX_PATH
+        resume = tuple(Segment.from_list(values[at + 4 * i : at + 4 * i + 4]) for i in range(count))
+        return SeedGenerator(seed, epoch, path, resume)
 
 
 class WorkerDataset(IterableDataset[Any]):

@@ -12,6 +12,7 @@ from typing import Any, Generic, TypeVar
 import torch.distributed as dist
 from torch.utils.data import IterDataPipe
 
+from shardpipes._resume import Segment
 from shardpipes.dataloader2.reading_service import (
     DistributedReadingService,
     InProcessReadingService,
@@ -20,6 +21,7 @@ from shardpipes.dataloader2.reading_service import (
     SequentialReadingService,
 )
 from shardpipes.dataloader2.seeding import SeedGenerator
+from shardpipes.datapipes.iter._index_length import resume_shape
 from shardpipes.datapipes.iter._lean import lean_graph
 from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe
 from shardpipes.errors import ShardingWarning
@@ -32,7 +34,7 @@ T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 STATE_FORMAT = "shardpipes-loader-state"
-STATE_VERSION = 1
+STATE_VERSION = 2
 _STATE_KEYS = ("format", "version", "seed", "epoch", "consumed", "world_size", "num_workers")
 
 
@@ -58,16 +60,22 @@ def _carries_across_epochs(datapipe: IterDataPipe[Any]) -> bool:
     )
 
 
-def _topology(rs: ReadingServiceInterface) -> tuple[int, int]:
-    """Return (world size, workers per rank) that ``rs`` runs with."""
+def _topology(rs: ReadingServiceInterface) -> tuple[int, int, bool]:
+    """Return (world size, workers per rank, whether a DistributedReadingService is used)."""
     world = 1
-    if _uses(rs, DistributedReadingService) and dist.is_available() and dist.is_initialized():
+    distributed = _uses(rs, DistributedReadingService)
+    if distributed and dist.is_available() and dist.is_initialized():
         world = dist.get_world_size()
     workers = max(
         (s.num_workers for s in _services(rs) if isinstance(s, MultiProcessingReadingService)),
         default=0,
     )
-    return world, workers
+    return world, workers, distributed
+
+
+def _skipped(rs: ReadingServiceInterface) -> int:
+    found = rs.skipped()
+    return found.samples + found.shards if found is not None else 0
 
 
 class DataLoader2(Generic[T]):
@@ -118,6 +126,9 @@ class DataLoader2(Generic[T]):
         self._current: SeedGenerator | None = None
         self._consumed = 0
         self._skip = 0  # items to replay silently at the start of the next epoch (after a restore)
+        # Or, with an index: the stretches of the epoch to resume by seeking (shardpipes._resume).
+        self._resume: tuple[Segment, ...] = ()
+        self._skipped_at_start = 0
         if (
             dist.is_available()
             and dist.is_initialized()
@@ -146,16 +157,20 @@ class DataLoader2(Generic[T]):
             self._active = None
         if self._graph is None:
             self._graph = self.reading_service.initialize(lean_graph(copy.deepcopy(self.datapipe)))
-        generator = SeedGenerator(self._seed, self._epoch)
+        generator = SeedGenerator(self._seed, self._epoch, resume=self._resume)
         self._epoch += 1
-        skip, self._skip = self._skip, 0
+        skip, self._skip, self._resume = self._skip, 0, ()
+        # Set now, not when the generator starts: a state taken after iter() but before the
+        # first item must point at this epoch.
+        self._current = generator
+        self._consumed = generator.resume[-1].consumed if generator.resume else skip
         self._active = self._run(self._graph, generator, skip)
         return self._active
 
     def _run(
         self, graph: IterDataPipe[T], generator: SeedGenerator, skip: int
     ) -> Generator[T, None, None]:
-        self._current, self._consumed = generator, skip
+        self._skipped_at_start = _skipped(self.reading_service)
         self.reading_service.initialize_iteration(generator)
         try:
             it = iter(graph)
@@ -216,14 +231,23 @@ class DataLoader2(Generic[T]):
         reading service and data, after :meth:`load_state_dict`, yields exactly the batches
         this one would have yielded next. Taken between epochs, it starts the next epoch.
 
-        Without a shard index the restore replays the epoch up to the saved position (the
-        cost of reading the batches already consumed, without training on them).
+        With a shard index (a graph ``sharding_by_index`` ... ``batch()``) the restore seeks
+        there, and may run under another number of ranks or workers; without one it replays
+        the epoch up to the saved position (see docs/checkpointing.md).
+
+        The state is the same on every rank: ``seed``, ``epoch``, ``consumed`` (items this
+        rank yielded in the epoch's current stretch), the topology, ``segments`` (earlier
+        stretches of this epoch run under other topologies, as ``[ranks, workers,
+        distributed, consumed]``) and ``skipped`` (what handlers skipped this epoch so far).
         """
-        world, workers = _topology(self.reading_service)
+        world, workers, distributed = _topology(self.reading_service)
         if self._current is not None and self._active is not None:
             epoch, consumed = self._current.epoch, self._consumed
-        else:  # between epochs, or restored and not iterated yet (the pending replay counts)
-            epoch, consumed = self._epoch, self._skip
+            earlier = self._current.resume[:-1]
+            skipped = _skipped(self.reading_service) - self._skipped_at_start
+        else:  # between epochs, or restored and not iterated yet (the pending position counts)
+            epoch, earlier, skipped = self._epoch, self._resume[:-1], 0
+            consumed = self._resume[-1].consumed if self._resume else self._skip
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
@@ -232,6 +256,9 @@ class DataLoader2(Generic[T]):
             "consumed": consumed,
             "world_size": world,
             "num_workers": workers,
+            "distributed": distributed,
+            "segments": [seg.as_list() for seg in earlier],
+            "skipped": skipped,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -239,37 +266,72 @@ class DataLoader2(Generic[T]):
 
         Raises:
             KeyError: A key of the state is missing.
-            ValueError: The state is from another format or version, or was saved with
-                another number of ranks or workers.
+            ValueError: The state is from another format or version; or it was saved with
+                another number of ranks or workers and the graph cannot resume by seeking (it
+                needs ``sharding_by_index``, see docs/checkpointing.md), naming why.
         """
         missing = [k for k in _STATE_KEYS if k not in state]
         if missing:
             raise KeyError(f"loader state is missing {', '.join(missing)}")
-        if state["format"] != STATE_FORMAT or state["version"] != STATE_VERSION:
+        if state["format"] != STATE_FORMAT or state["version"] not in (1, STATE_VERSION):
             raise ValueError(
                 f"loader state is {state['format']!r} version {state['version']}; this shardpipes "
-                f"reads {STATE_FORMAT!r} version {STATE_VERSION}"
+                f"reads {STATE_FORMAT!r} versions 1 and {STATE_VERSION}"
             )
-        world, workers = _topology(self.reading_service)
-        if (state["world_size"], state["num_workers"]) != (world, workers):
-            raise ValueError(
-                f"loader state was saved with {state['world_size']} rank(s) x "
-                f"{state['num_workers']} worker(s), this loader runs {world} x {workers}; resuming "
-                "with another number of ranks or workers needs a shard index"
-            )
+        world, workers, distributed = _topology(self.reading_service)
+        saved = Segment(
+            int(state["world_size"]),
+            int(state["num_workers"]),
+            bool(state.get("distributed", distributed)),
+            int(state["consumed"]),
+        )
+        earlier = tuple(Segment.from_list(seg) for seg in state.get("segments", ()))
         if int(state["epoch"]) > 0 and _carries_across_epochs(self.datapipe):
             raise ValueError(
                 "this graph has fixed_length(), whose position carries over from one epoch to the "
                 "next; exact resume after the first epoch is not supported for it yet"
             )
+        shape = resume_shape(self.datapipe)
+        same = (saved.world_size, saved.num_workers, saved.distributed) == (
+            world,
+            workers,
+            distributed,
+        )
+        skipped = int(state.get("skipped", 0))
+        resume: tuple[Segment, ...] = ()
+        skip = 0
+        if not same and (saved.consumed or earlier):
+            if isinstance(shape, str) or skipped:
+                why = (
+                    shape
+                    if isinstance(shape, str)
+                    else (
+                        f"handlers skipped {skipped} samples or shards of this epoch before the state "
+                        "was taken, so positions in the index no longer match what was yielded"
+                    )
+                )
+                raise ValueError(
+                    f"loader state was saved with {saved.world_size} rank(s) x "
+                    f"{saved.num_workers} worker(s), this loader runs {world} x {workers}; "
+                    f"resuming with another topology needs a graph that can seek with a shard "
+                    f"index, and this one cannot: {why}"
+                )
+            resume = (*earlier, saved, Segment(world, workers, distributed, 0))
+        elif same and (saved.consumed or earlier):
+            if isinstance(shape, str) or skipped:
+                if earlier:
+                    raise ValueError(
+                        "this state continues an epoch resumed with another topology, but this "
+                        "graph cannot resume by seeking (is it the same graph?)"
+                    )
+                skip = saved.consumed  # replay: read the epoch up to the position again
+            else:
+                resume = (*earlier, saved)
         if self._active is not None:
             self._active.close()
             self._active = None
-        self._seed, self._epoch, self._skip = (
-            int(state["seed"]),
-            int(state["epoch"]),
-            int(state["consumed"]),
-        )
+        self._seed, self._epoch = int(state["seed"]), int(state["epoch"])
+        self._skip, self._resume = skip, resume
 
     def shutdown(self) -> None:
         """End the current epoch, stop workers and release process groups. Idempotent."""

@@ -25,8 +25,10 @@ from typing import Any
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter.sharding import _ShardingIterDataPipe
 from torch.utils.data.graph import DataPipeGraph, traverse_dps
+from torch.utils.data.graph_settings import get_all_graph_pipes
 
-from shardpipes._seeds import derive_seed
+from shardpipes._resume import Segment
+from shardpipes._seeds import derive_seed, reader_stage_seed
 
 __all__ = ["SeedGenerator", "has_sharding", "random_stages", "seed_graph"]
 
@@ -42,10 +44,13 @@ class SeedGenerator:
     seed: int
     epoch: int
     path: tuple[int, ...] = ()
+    #: For an epoch resumed from a loader state with a shard index: its stretches so far
+    #: (``shardpipes._resume``); empty otherwise.
+    resume: tuple[Segment, ...] = ()
 
     def spawn(self, index: int) -> SeedGenerator:
         """Return the generator of child ``index`` (a rank, then a worker)."""
-        return SeedGenerator(self.seed, self.epoch, (*self.path, index))
+        return SeedGenerator(self.seed, self.epoch, (*self.path, index), self.resume)
 
     def shared_seed(self, stage: int) -> int:
         """Seed for random stage ``stage`` before ``sharding_filter``: equal on all readers."""
@@ -53,7 +58,7 @@ class SeedGenerator:
 
     def reader_seed(self, stage: int) -> int:
         """Seed for random stage ``stage`` after ``sharding_filter``: distinct per reader."""
-        return derive_seed([self.seed, self.epoch, stage, 1, *self.path])
+        return reader_stage_seed(self.seed, self.epoch, stage, self.path)
 
     def torch_seed(self) -> int:
         """Seed for the ``torch.Generator`` handed to worker processes (their global RNGs)."""
@@ -94,7 +99,29 @@ def random_stages(datapipe: IterDataPipe[Any]) -> list[tuple[Any, bool]]:
 
 
 def seed_graph(datapipe: IterDataPipe[Any], generator: SeedGenerator) -> IterDataPipe[Any]:
-    """Seed every random stage of ``datapipe`` for one epoch on one reader; return it."""
+    """Seed every random stage of ``datapipe`` for one epoch on one reader; return it.
+
+    When the generator carries a resumed epoch, also tell the graph's ``sharding_by_index``
+    where that epoch stopped (it then seeks there instead of starting over).
+    """
     for stage, (dp, after) in enumerate(random_stages(datapipe)):
         dp.set_seed(generator.reader_seed(stage) if after else generator.shared_seed(stage))
+    from shardpipes.datapipes.iter._index_length import resume_shape
+    from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe, Resume
+
+    sharders = [
+        dp
+        for dp in get_all_graph_pipes(traverse_dps(datapipe))
+        if isinstance(dp, IndexSharderIterDataPipe)
+    ]
+    for sharder in sharders:
+        sharder.resume = None
+    if generator.resume:
+        found = resume_shape(datapipe)
+        if isinstance(found, str) or len(sharders) != 1:
+            raise ValueError(f"this graph cannot resume an epoch by seeking: {found}")
+        shape, shuffler = found
+        sharders[0].resume = Resume(
+            generator.resume, shape, shuffler, generator.seed, generator.epoch
+        )
     return datapipe

@@ -15,6 +15,7 @@ from torch.utils.data.datapipes.iter import Batcher, Mapper, Shuffler
 from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import get_all_graph_pipes
 
+from shardpipes._resume import Shape
 from shardpipes.datapipes.iter._lean import (
     LeanBatcherIterDataPipe,
     LeanMapperIterDataPipe,
@@ -29,7 +30,7 @@ from shardpipes.datapipes.iter.tar import TarArchiveLoaderIterDataPipe
 from shardpipes.datapipes.iter.threadpool import ThreadPoolMapperIterDataPipe
 from shardpipes.datapipes.iter.webdataset import WebDatasetIterDataPipe
 
-__all__ = ["exact_length_plan", "index_length"]
+__all__ = ["exact_length_plan", "index_length", "resume_shape"]
 
 Plan = tuple[int | None, bool]
 
@@ -79,6 +80,60 @@ def exact_length_plan(datapipe: IterDataPipe[Any]) -> Plan | None:
             return None
         node = _source(node)
     return batch
+
+
+def _main_side(dp: Any) -> bool:
+    # Stages the reading services add around the reader's graph (they pass items through).
+    from shardpipes.dataloader2._worker import WorkerPoolIterDataPipe
+    from shardpipes.datapipes.iter.prefetch import PinMemoryIterDataPipe
+    from shardpipes.datapipes.iter.sync import ExactLengthIterDataPipe
+
+    return isinstance(dp, ExactLengthIterDataPipe | PinMemoryIterDataPipe | WorkerPoolIterDataPipe)
+
+
+def resume_shape(datapipe: IterDataPipe[Any]) -> tuple[Shape, Any] | str:
+    """``(shape, sample shuffle stage or None)`` when an epoch of this graph can be resumed by seeking.
+
+    That is the graph of :func:`exact_length_plan` (``sharding_by_index`` ... one-to-one stages,
+    at most one ``batch()``) with no random stage after the sharder other than at most one
+    ``shuffle()`` before the ``batch()``. Otherwise, the reason it cannot, for error messages.
+    """
+    from shardpipes.dataloader2.seeding import random_stages
+    from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe
+
+    node: Any = datapipe
+    while _main_side(node) or isinstance(node, FullSyncIterDataPipe):
+        if isinstance(node, FullSyncIterDataPipe):
+            return "fullsync() evens out the ranks by dropping or repeating items as they come"
+        node = _source(node)
+    plan = exact_length_plan(node)
+    if plan is None:
+        return (
+            "the graph is not sharding_by_index -> open_files_by_fsspec -> load_from_tar -> "
+            "webdataset followed only by one-to-one stages and at most one batch()"
+        )
+    shuffler = None
+    below_batch = plan[0] is None  # walking from the output: the batch() comes first
+    stage = node
+    while not isinstance(stage, IndexSharderIterDataPipe):
+        if isinstance(stage, Batcher | LeanBatcherIterDataPipe):
+            below_batch = True
+        elif callable(getattr(stage, "set_seed", None)):
+            kind = type(stage).__name__
+            if not isinstance(stage, Shuffler | LeanShufflerIterDataPipe) or not below_batch:
+                return f"{kind} after the batch() draws per batch and cannot be repositioned"
+            if shuffler is not None:
+                return "two shuffle() stages after sharding_by_index"
+            shuffler = stage
+        stage = _source(stage)
+    stages = [dp for dp, _ in random_stages(datapipe)]
+    number = next((i for i, dp in enumerate(stages) if dp is shuffler), None)
+    buffer = None
+    if shuffler is not None and shuffler._enabled:
+        buffer = shuffler.buffer_size
+    return Shape(plan[0], plan[1], buffer, number if buffer else None), (
+        shuffler if buffer else None
+    )
 
 
 def index_length(datapipe: IterDataPipe[Any], plan: Plan) -> int:

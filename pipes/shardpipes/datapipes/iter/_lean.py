@@ -7,9 +7,11 @@ that costs more than parsing the tar they came from: measured on the development
 webdataset + decode together.
 
 ``DataLoader2`` and ``as_node`` deep-copy the user's graph before running it; in that copy
-:func:`lean_graph` replaces those four stages with the classes here, which do exactly the same
-(the same buffer algorithm and the same ``random.Random`` draws, so the same seed gives the same
-order) without the hook. The user's graph, and torch itself, are left alone. Stages used with
+:func:`lean_graph` replaces those four stages with the classes here, which do the same without
+the hook. The shuffle is torch's buffer algorithm with counter-based draws
+(:func:`shardpipes._seeds.buffered_shuffle`): the same seed gives the same order every time,
+though not torch's order, and its state at any point can be recomputed, which is how the loader
+resumes by seeking. The user's graph, and torch itself, are left alone. Stages used with
 column arguments (``map(fn, input_col=...)``) are kept as they are.
 """
 
@@ -39,7 +41,7 @@ T = TypeVar("T")
 
 
 class LeanShufflerIterDataPipe(StageIterDataPipe[T]):
-    """torch's ``Shuffler`` without the per-element hook (same seed, same order)."""
+    """torch's ``Shuffler`` without the per-element hook, with resumable counter-based draws."""
 
     def __init__(
         self, datapipe: IterDataPipe[T], buffer_size: int, enabled: bool, seed: int | None
@@ -49,6 +51,9 @@ class LeanShufflerIterDataPipe(StageIterDataPipe[T]):
         self._enabled = enabled
         self._seed = seed
         self._rng = random.Random(0)
+        # Set by a resuming sharding_by_index before the first draw of an epoch: the seed and
+        # first draw that continue the interrupted shuffle (see shardpipes._resume).
+        self.resume_at: tuple[int, int, list[int]] | None = None
 
     def set_shuffle(self, shuffle: bool = True) -> LeanShufflerIterDataPipe[T]:
         """Turn shuffling on or off."""
@@ -68,9 +73,15 @@ class LeanShufflerIterDataPipe(StageIterDataPipe[T]):
         # Iterated again without a new seed (e.g. restarted by fixed_length): torch would draw a
         # seed from its global RNG; we draw it from this stage's own generator, so it stays
         # deterministic.
-        rng.seed(self._seed if self._seed is not None else rng.getrandbits(63))
+        seed = self._seed if self._seed is not None else rng.getrandbits(63)
+        rng.seed(seed)
         self._seed = None
-        yield from buffered_shuffle(self.datapipe, rng, self.buffer_size)
+
+        def draws() -> tuple[int, int, list[int]]:
+            at, self.resume_at = self.resume_at, None
+            return at if at is not None else (seed, 0, [])
+
+        yield from buffered_shuffle(self.datapipe, draws, self.buffer_size)
 
     def __len__(self) -> int:
         return len(self.datapipe)

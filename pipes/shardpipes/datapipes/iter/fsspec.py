@@ -258,7 +258,10 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
         if isinstance(url, ShardRange):  # a sample range from sharding_by_index: one read
             from shardpipes.index import open_range  # index.py imports this module
 
-            return cast(IO[Any], open_range(str(url), url.offset, url.size, self.storage_options))
+            return cast(
+                IO[Any],
+                open_range(str(url), url.offset, url.size, self.storage_options, spans=url.spans),
+            )
         return open_url(
             url,
             self.mode,

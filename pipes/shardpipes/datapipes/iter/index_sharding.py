@@ -10,14 +10,46 @@ sample range and its byte span, read with one seek or one range request.
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import logging
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, _ShardingIterDataPipe
 
+from shardpipes._resume import Segment, Shape
+from shardpipes._seeds import reader_stage_seed
 from shardpipes.datapipes.iter._base import register
 
-__all__ = ["IndexSharderIterDataPipe", "ShardRange"]
+__all__ = ["IndexSharderIterDataPipe", "Resume", "ShardRange"]
+
+logger = logging.getLogger(__name__)
+
+# Largest sparse read of a resumed shuffle buffer (bounds the memory of one remote fetch).
+_SPARSE_BYTES = 16 << 20
+
+
+@dataclass
+class Resume:
+    """How a resumed epoch was run so far, handed to the sharder for one epoch by the loader.
+
+    ``segments``: the stretches of the epoch so far (the last is the one being resumed);
+    ``shape``: what the graph does after the sharder; ``shuffler``: the sample shuffle stage
+    to reposition (or ``None``); ``seed``/``epoch``: the loader's, for the readers' shuffle
+    seeds.
+    """
+
+    segments: tuple[Segment, ...]
+    shape: Shape
+    shuffler: Any
+    seed: int
+    epoch: int
+
+    def reader_seed(self, path: tuple[int, ...]) -> int:
+        """The epoch seed of the sample shuffle of the reader at ``path`` (as seed_graph gives it)."""
+        return reader_stage_seed(self.seed, self.epoch, self.shape.shuffle_stage or 0, path)
 
 
 class ShardRange(str):
@@ -30,25 +62,43 @@ class ShardRange(str):
         start: First sample (index within the shard).
         stop: One past the last sample.
         offset: Byte offset of the first sample's first member header.
-        size: Bytes up to the end of the last sample's last member.
+        size: Bytes up to the end of the last sample's last member (for a sparse range: the
+            bytes of its spans).
+        spans: For a *sparse* range (some samples of ``[start, stop)``, as a resumed epoch
+            reads what sat in a shuffle buffer): the ``(offset, size)`` byte spans to read, in
+            order; empty for a contiguous range.
     """
 
     start: int
     stop: int
     offset: int
     size: int
+    spans: tuple[tuple[int, int], ...]
 
-    def __new__(cls, url: str, start: int, stop: int, offset: int, size: int) -> ShardRange:
+    def __new__(
+        cls,
+        url: str,
+        start: int,
+        stop: int,
+        offset: int,
+        size: int,
+        spans: tuple[tuple[int, int], ...] = (),
+    ) -> ShardRange:
         """Make the range ``[start, stop)`` of ``url``, spanning bytes ``[offset, offset + size)``."""
         obj = super().__new__(cls, url)
         obj.start, obj.stop, obj.offset, obj.size = start, stop, offset, size
+        obj.spans = tuple(spans)
         return obj
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (ShardRange, (str(self), self.start, self.stop, self.offset, self.size))
+        return (ShardRange, (str(self), self.start, self.stop, self.offset, self.size, self.spans))
 
     def __repr__(self) -> str:
-        return f"ShardRange({str(self)!r}, samples [{self.start}, {self.stop}), bytes {self.offset}+{self.size})"
+        sparse = f", {len(self.spans)} spans" if self.spans else ""
+        return (
+            f"ShardRange({str(self)!r}, samples [{self.start}, {self.stop}), "
+            f"bytes {self.offset}+{self.size}{sparse})"
+        )
 
 
 @register("sharding_by_index")
@@ -108,6 +158,8 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
         self.instance_id = 0
         self.per_reader: int | None = None  # samples per reader in the current epoch
         self._loaded: Any = None
+        # Set for one epoch by the loader when it resumes from a state (seeding.seed_graph).
+        self.resume: Resume | None = None
 
     def apply_sharding(  # type: ignore[override]  # torch's base declares it abstract (-> Never)
         self,
@@ -156,6 +208,7 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
     def __iter__(self) -> Iterator[ShardRange]:
         from shardpipes.partition import positions_to_ranges
 
+        resume, self.resume = self.resume, None
         urls = list(self.source_datapipe)
         if not urls:
             self.per_reader = 0
@@ -163,15 +216,86 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
         index = self._index(urls)
         shards = [index.shards[index.lookup(u)] for u in urls]
         counts = [s.num_samples for s in shards]
+        order = list(range(len(urls)))
         total = sum(counts)
         n, i = self.num_of_instances, self.instance_id
-        per = total // n if self.policy == "drop" else -(-total // n)
-        self.per_reader = per
-        if per == 0:
-            return
-        for r in positions_to_ranges(counts, list(range(len(urls))), i * per, (i + 1) * per):
-            offset, size = shards[r.shard].byte_range(r.start, r.stop)
-            yield ShardRange(urls[r.shard], r.start, r.stop, offset, size)
+        runs: list[tuple[int, int]] = []
+        if resume is not None:
+            plan = self._resumed(resume, total)
+            self.per_reader = plan.samples
+            yield from self._sparse(plan.read_order()[0], urls, shards, counts)
+            runs = plan.rest.runs
+        else:
+            per = total // n if self.policy == "drop" else -(-total // n)
+            runs = [(i * per, (i + 1) * per)] if per else []
+            self.per_reader = per
+        for a, b in runs:
+            for r in positions_to_ranges(counts, order, a, b):
+                offset, size = shards[r.shard].byte_range(r.start, r.stop)
+                yield ShardRange(urls[r.shard], r.start, r.stop, offset, size)
+
+    @staticmethod
+    def _sparse(
+        positions: list[int], urls: list[str], shards: list[Any], counts: list[int]
+    ) -> Iterator[ShardRange]:
+        """Sparse ranges that read ``positions`` (sorted), in order.
+
+        One range per shard, of at most ``_SPARSE_BYTES`` bytes: one open and a seek per
+        sample locally, one ``cat_ranges`` call remotely.
+        """
+        starts = list(itertools.accumulate(counts, initial=0))
+        group: list[int] = []
+        nbytes = 0
+        shard = -1
+
+        def emit() -> ShardRange:
+            info = shards[shard]
+            spans: list[tuple[int, int]] = []
+            for sample in group:
+                off, size = info.byte_range(sample, sample + 1)
+                if spans and spans[-1][0] + spans[-1][1] == off:
+                    spans[-1] = (spans[-1][0], spans[-1][1] + size)
+                else:
+                    spans.append((off, size))
+            size = sum(s for _, s in spans)
+            return ShardRange(urls[shard], group[0], group[-1] + 1, spans[0][0], size, tuple(spans))
+
+        for pos in positions:
+            where = bisect.bisect_right(starts, pos) - 1
+            sample = pos - starts[where]
+            if group and (where != shard or nbytes >= _SPARSE_BYTES):
+                yield emit()
+                group, nbytes = [], 0
+            shard = where
+            group.append(sample)
+            nbytes += shards[where].sizes[sample]
+        if group:
+            yield emit()
+
+    def _resumed(self, resume: Resume, total: int) -> Any:
+        """This reader's part of a resumed epoch; points its sample shuffle at where it was."""
+        from shardpipes._resume import reader_plan
+
+        if resume.segments[-1].readers != self.num_of_instances:
+            raise RuntimeError(
+                f"the resumed state is for {resume.segments[-1].readers} readers but this "
+                f"sharding_by_index was sharded for {self.num_of_instances}"
+            )
+        plan = reader_plan(
+            total, self.policy, resume.segments, self.instance_id, resume.shape, resume.reader_seed
+        )
+        if resume.shuffler is not None:
+            resume.shuffler.resume_at = (plan.seed, plan.first_draw, plan.read_order()[1])
+        if (plan.dropped or plan.padded) and self.instance_id == 0:
+            logger.warning(
+                "resuming epoch %d with another topology: %d samples not yet yielded were %s to "
+                "keep the ranks' lengths equal (policy %r)",
+                resume.epoch,
+                plan.dropped or plan.padded,
+                "left out" if plan.dropped else "added as repeats",
+                self.policy,
+            )
+        return plan
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(super().__getstate__())  # type: ignore[no-untyped-call]

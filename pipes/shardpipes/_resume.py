@@ -1,0 +1,366 @@
+"""Resuming an indexed epoch by seeking: which samples a reader still has to read, in what order.
+
+Pure functions of integers (no I/O), used by ``sharding_by_index`` when the loader restores a
+state. An epoch with an index is a sequence of ``total`` sample *positions* (the shards laid
+end to end in the epoch's order). An epoch may be run in *segments*, one per topology it ran
+under: the first with the partition of :mod:`shardpipes.partition`, each later one (after an
+elastic resume) with the samples the earlier ones did not yield, split again among the new
+readers. A :class:`Segment` records the topology and how many items each rank yielded in it.
+
+What a reader yielded follows from that count alone, because everything else is determined:
+
+1. The ranks' items are batches (or samples) made by ``batch(B)`` from a reader's samples;
+   with workers, the loader takes batches from them in round-robin order, skipping a worker
+   once it has none left (:func:`worker_batches`).
+2. So each reader yielded its first ``o`` shuffle outputs, and the shuffle's state after ``o``
+   outputs (which inputs sit in its buffer, how many it read) is computed by
+   :func:`shardpipes._seeds.shuffle_position` in about ``buffer * ln(buffer)`` steps.
+
+A reader continuing its own stretch (same topology) re-reads its buffer's samples, then the
+rest of its range, and restarts its shuffle at draw ``o``: it yields exactly what it would have.
+After an elastic resume, the samples not yet yielded (the buffers and the rests of all readers)
+are split into equal contiguous pieces for the new readers, which read them with fresh seeds.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from shardpipes._seeds import derive_seed, shuffle_position
+
+__all__ = [
+    "ReaderPlan",
+    "Runs",
+    "Segment",
+    "Shape",
+    "next_worker",
+    "reader_plan",
+    "segment_seed",
+    "worker_batches",
+]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of an epoch run under one topology, and the items each rank yielded in it."""
+
+    world_size: int
+    num_workers: int
+    distributed: bool
+    consumed: int
+
+    @property
+    def readers(self) -> int:
+        """``world_size * max(num_workers, 1)``."""
+        return self.world_size * max(self.num_workers, 1)
+
+    def path(self, reader: int) -> tuple[int, ...]:
+        """The seed path of ``reader``: ``(rank, worker)``, without the parts a service did not add."""
+        rank, worker = divmod(reader, max(self.num_workers, 1))
+        return ((rank,) if self.distributed else ()) + ((worker,) if self.num_workers else ())
+
+    def as_list(self) -> list[int]:
+        """``[world_size, num_workers, distributed, consumed]``, as states store it."""
+        return [self.world_size, self.num_workers, int(self.distributed), self.consumed]
+
+    @classmethod
+    def from_list(cls, values: Sequence[int]) -> Segment:
+        """The inverse of :meth:`as_list`."""
+        world, workers, distributed, consumed = (int(v) for v in values)
+        return cls(world, workers, bool(distributed), consumed)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the graph does between ``sharding_by_index`` and the ranks' items.
+
+    ``batch_size`` is ``None`` without a ``batch()``; ``buffer_size`` is ``None`` without a
+    sample-level ``shuffle()``; ``shuffle_stage`` numbers that shuffle among the random stages
+    (:func:`shardpipes.dataloader2.seeding.random_stages`).
+    """
+
+    batch_size: int | None
+    drop_last: bool
+    buffer_size: int | None
+    shuffle_stage: int | None
+
+    def batches(self, samples: int) -> int:
+        """Items a reader with ``samples`` samples yields."""
+        if self.batch_size is None:
+            return samples
+        return samples // self.batch_size if self.drop_last else -(-samples // self.batch_size)
+
+    def samples(self, batches: int, limit: int) -> int:
+        """Samples in a reader's first ``batches`` items (of ``limit`` samples)."""
+        return min(batches * (self.batch_size or 1), limit)
+
+
+class Runs:
+    """A sequence of sample positions stored as runs ``[start, stop)``, in order."""
+
+    def __init__(self, runs: Iterable[tuple[int, int]] = ()) -> None:
+        self.runs: list[tuple[int, int]] = []
+        for a, b in runs:
+            if a >= b:
+                continue
+            if self.runs and self.runs[-1][1] == a:
+                self.runs[-1] = (self.runs[-1][0], b)
+            else:
+                self.runs.append((a, b))
+        self.ends: list[int] = []
+        n = 0
+        for a, b in self.runs:
+            n += b - a
+            self.ends.append(n)
+
+    def __len__(self) -> int:
+        return self.ends[-1] if self.ends else 0
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Runs) and self.runs == other.runs
+
+    def __repr__(self) -> str:
+        return f"Runs({self.runs})"
+
+    def slice(self, lo: int, hi: int) -> Runs:
+        """The positions at ordinals ``[lo, hi)``."""
+        out = []
+        i = bisect.bisect_right(self.ends, lo)
+        while i < len(self.runs) and lo < hi:
+            a, b = self.runs[i]
+            first = self.ends[i] - (b - a)  # ordinal of position a
+            start = a + (lo - first)
+            stop = min(b, start + (hi - lo))
+            out.append((start, stop))
+            lo += stop - start
+            i += 1
+        return Runs(out)
+
+    def at(self, ordinals: Iterable[int]) -> list[int]:
+        """The positions at ``ordinals``, in that order."""
+        out = []
+        for k in ordinals:
+            i = bisect.bisect_right(self.ends, k)
+            a, b = self.runs[i]
+            out.append(a + k - (self.ends[i] - (b - a)))
+        return out
+
+    def __add__(self, other: Runs) -> Runs:
+        return Runs([*self.runs, *other.runs])
+
+    def sorted(self) -> Runs:
+        """The same positions in increasing order."""
+        return Runs(sorted(self.runs))
+
+    def circular(self, lo: int, hi: int) -> Runs:
+        """Ordinals ``[lo, hi)`` of this sequence repeated end to end (for padding)."""
+        n = len(self)
+        out = Runs()
+        while lo < hi and n:
+            start = lo % n
+            stop = min(n, start + hi - lo)
+            out = out + self.slice(start, stop)
+            lo += stop - start
+        return out
+
+
+@dataclass(frozen=True)
+class ReaderPlan:
+    """What one reader reads in a resumed epoch.
+
+    ``buffer``: the positions that sat in its shuffle buffer, in buffer order; ``rest``: the
+    rest of its range, read after them; ``seed`` and ``first_draw``: where its shuffle
+    continues; ``dropped``/``padded``: samples the last elastic split left out or repeated to
+    keep the ranks' lengths equal (the loader's policy decides which).
+    """
+
+    buffer: list[int]
+    rest: Runs
+    seed: int
+    first_draw: int
+    dropped: int = 0
+    padded: int = 0
+
+    @property
+    def samples(self) -> int:
+        """Samples the reader reads: ``len(buffer) + len(rest)``."""
+        return len(self.buffer) + len(self.rest)
+
+    def read_order(self) -> tuple[list[int], list[int]]:
+        """``(positions, slots)``: the buffer's positions sorted, and the slot of each.
+
+        Sorted, they are read shard by shard in file order; the shuffle puts each back into
+        its slot.
+        """
+        pairs = sorted((p, slot) for slot, p in enumerate(self.buffer))
+        return [p for p, _ in pairs], [slot for _, slot in pairs]
+
+    @property
+    def runs(self) -> Runs:
+        """All positions it reads, in buffer order then the rest (for checks and previews)."""
+        return Runs((p, p + 1) for p in self.buffer) + self.rest
+
+
+def worker_batches(consumed: int, counts: Sequence[int]) -> list[int]:
+    """How many of a rank's first ``consumed`` items came from each worker.
+
+    Workers that have ``counts[w]`` items each are read round-robin (worker 0, 1, ...), a worker
+    dropping out of the rotation when it has none left: torch's in-order ``DataLoader``.
+
+    Raises:
+        ValueError: ``consumed`` is more than the workers have.
+
+    Examples:
+        >>> worker_batches(5, [3, 1, 3])
+        [2, 1, 2]
+    """
+    if consumed > sum(counts):
+        raise ValueError(
+            f"the state says {consumed} items were consumed, but the readers have {sum(counts)}"
+        )
+    lo, hi = 0, max(counts, default=0)
+    while lo < hi:  # the most rounds whose items all fit in `consumed`
+        mid = (lo + hi + 1) // 2
+        if sum(min(c, mid) for c in counts) <= consumed:
+            lo = mid
+        else:
+            hi = mid - 1
+    out = [min(c, lo) for c in counts]
+    left = consumed - sum(out)
+    for w, c in enumerate(counts):
+        if left and c > lo:
+            out[w] += 1
+            left -= 1
+    return out
+
+
+def next_worker(consumed: int, counts: Sequence[int]) -> int:
+    """The worker whose turn it is after a rank's first ``consumed`` items (see :func:`worker_batches`).
+
+    A resumed pool starts its rotation at worker 0 again, so the resumed epoch gives worker
+    ``w`` the part of reader ``(w + next_worker) % W``: the rotation then goes on exactly as
+    it would have.
+
+    Examples:
+        >>> next_worker(5, [3, 1, 3]), next_worker(3, [3, 1, 3]), next_worker(4, [3, 1, 3])
+        (0, 0, 1)
+    """
+    done = worker_batches(consumed, counts)
+    rounds = min((b for b, c in zip(done, counts, strict=True) if b < c), default=0)
+    # Workers served in the round in progress are those with one more than `rounds`.
+    served = [w for w, b in enumerate(done) if b > rounds and counts[w] > rounds]
+    return (served[-1] + 1) % len(counts) if served else 0
+
+
+def segment_seed(reader_seed: int, segment: int) -> int:
+    """The shuffle seed of a reader in ``segment``: its epoch seed, then mixed per later segment."""
+    return reader_seed if segment == 0 else derive_seed([reader_seed, segment])
+
+
+def _first_split(total: int, readers: int, policy: str) -> list[Runs]:
+    if total == 0:
+        return [Runs() for _ in range(readers)]
+    per = total // readers if policy == "drop" else -(-total // readers)
+    whole = Runs([(0, total)])
+    return [whole.circular(i * per, (i + 1) * per) for i in range(readers)]
+
+
+def _split_again(
+    left: Runs, seg: Segment, shape: Shape, policy: str
+) -> tuple[list[Runs], int, int]:
+    """Split ``left`` into contiguous pieces for ``seg``'s readers; return (pieces, dropped, padded).
+
+    As equal as possible, the extra samples spread over the ranks first; when that would give
+    the ranks different numbers of items (which would hang a DDP job), the policy drops the
+    extra (fewer than the readers) or pads every reader to one more.
+    """
+    n, workers = seg.readers, max(seg.num_workers, 1)
+    base, extra = divmod(len(left), n)
+    sizes = [base] * n
+    for k in range(extra):  # worker 0 of every rank, then worker 1 of every rank, ...
+        worker, rank = divmod(k, seg.world_size)
+        sizes[rank * workers + worker] += 1
+    per_rank = {
+        sum(shape.batches(sizes[r * workers + w]) for w in range(workers))
+        for r in range(seg.world_size)
+    }
+    dropped = padded = 0
+    if len(per_rank) > 1:
+        if policy == "drop":
+            sizes, dropped = [base] * n, extra
+        else:
+            sizes, padded = [base + 1] * n, n - extra
+    pieces, at = [], 0
+    for size in sizes:
+        pieces.append(left.circular(at, at + size))
+        at += size
+    return pieces, dropped, padded
+
+
+def _yielded(pieces: list[Runs], seg: Segment, shape: Shape) -> list[int]:
+    """Samples each reader of ``seg`` had yielded (through its shuffle) when ranks stopped."""
+    workers = max(seg.num_workers, 1)
+    out = []
+    for rank in range(seg.world_size):
+        mine = pieces[rank * workers : (rank + 1) * workers]
+        counts = [shape.batches(len(p)) for p in mine]
+        for p, b in zip(mine, worker_batches(seg.consumed, counts), strict=True):
+            out.append(shape.samples(b, len(p)))
+    return out
+
+
+def _unread(piece: Runs, outputs: int, seed: int, shape: Shape) -> tuple[list[int], Runs]:
+    """A reader's positions not yielded after ``outputs``: (its shuffle buffer, the rest)."""
+    if shape.buffer_size is None:
+        return [], piece.slice(outputs, len(piece))
+    buffer, consumed = shuffle_position(seed, shape.buffer_size, len(piece), outputs)
+    return piece.at(buffer), piece.slice(consumed, len(piece))
+
+
+def reader_plan(
+    total: int,
+    policy: str,
+    segments: Sequence[Segment],
+    reader: int,
+    shape: Shape,
+    reader_seed: Callable[[tuple[int, ...]], int],
+) -> ReaderPlan:
+    """What ``reader`` of the last segment reads, for an epoch of ``total`` samples.
+
+    ``reader`` is ``rank * max(num_workers, 1) + worker``; after a same-topology resume the
+    worker takes over the part of another reader of its rank (:func:`next_worker`).
+
+    ``reader_seed(path)`` is the epoch seed of the sample shuffle of the reader at ``path``.
+    The last segment's ``consumed`` is how far its own readers got (``0`` right after an
+    elastic resume).
+
+    Raises:
+        ValueError: A segment's count is more than its readers had (another graph or data).
+    """
+    pieces = _first_split(total, segments[0].readers, policy)
+    left = Runs()
+    dropped = padded = 0
+    for s, seg in enumerate(segments):
+        if s:
+            pieces, dropped, padded = _split_again(left, seg, shape, policy)
+        yielded = _yielded(pieces, seg, shape)
+        if s == len(segments) - 1:
+            workers = max(seg.num_workers, 1)
+            rank, worker = divmod(reader, workers)
+            mine = pieces[rank * workers : (rank + 1) * workers]
+            turn = next_worker(seg.consumed, [shape.batches(len(p)) for p in mine])
+            role = rank * workers + (worker + turn) % workers
+            seed = segment_seed(reader_seed(seg.path(role)), s)
+            buffer, rest = _unread(pieces[role], yielded[role], seed, shape)
+            return ReaderPlan(buffer, rest, seed, yielded[role], dropped, padded)
+        parts = [
+            _unread(p, o, segment_seed(reader_seed(seg.path(i)), s), shape)
+            for i, (p, o) in enumerate(zip(pieces, yielded, strict=True))
+        ]
+        left = Runs(
+            [(p, p + 1) for buffer, rest in parts for p in buffer]
+            + [r for _, rest in parts for r in rest.runs]
+        ).sorted()
+    raise ValueError("reader_plan needs at least one segment")
