@@ -127,7 +127,8 @@ def rank_first_part(rank, world, pattern, k):
         it = iter(dl)
         part = [list(next(it)) for _ in range(k)]
         state = dl.state_dict()
-    return full, part, state
+    same = resumed(indexed_graph(pattern), dist_rs(2), state, len(full) - k)
+    return full, part, state, same
 
 
 def rank_rest(rank, world, pattern, state):
@@ -141,9 +142,12 @@ def rank_rest(rank, world, pattern, state):
 
 
 @pytest.mark.distributed
-def test_elastic_resume_from_2x2_to_3x1(indexed):
+def test_distributed_resume_same_and_elastic_from_2x2_to_3x1(indexed):
     k = 7
     first = run_ranks(rank_first_part, 2, indexed, k)
+    for full, part, _, same in first:  # the same topology seeks to exactly the rest, per rank
+        assert part == full[:k] and same == full[k:]
+    first = [(full, part, state) for full, part, state, _ in first]
     states = [state for _, _, state in first]
     assert states[0] == states[1]  # every rank saves the same state
     assert states[0]["consumed"] == k
