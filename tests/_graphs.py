@@ -15,14 +15,27 @@ def sample_id(sample: dict[str, Any]) -> int:
     return int(sample[".json"]["id"])
 
 
-def id_graph(pattern: str, *, batch_size: int = 4, buffer_size: int = 16) -> Any:
-    """expand -> shard shuffle -> sharding_filter -> open -> tar -> group -> decode -> id -> shuffle -> batch."""
+def id_graph(
+    pattern: str | list[str],
+    *,
+    batch_size: int = 4,
+    buffer_size: int = 16,
+    index: bool = False,
+) -> Any:
+    """expand -> shard shuffle -> sharding_filter -> open -> tar -> group -> decode -> id -> shuffle -> batch.
+
+    ``pattern`` is a brace pattern or a list of shard paths; ``index=True`` puts
+    ``sharding_by_index`` (the sidecar index must exist) in place of ``sharding_filter``.
+    """
+    urls = (
+        IterableWrapper([pattern]).shard_expand()
+        if isinstance(pattern, str)
+        else IterableWrapper(pattern)
+    )
+    shuffled = urls.shuffle()
+    sharded = shuffled.sharding_by_index() if index else shuffled.sharding_filter()
     return (
-        IterableWrapper([pattern])
-        .shard_expand()
-        .shuffle()
-        .sharding_filter()
-        .open_files_by_fsspec()
+        sharded.open_files_by_fsspec()
         .load_from_tar()
         .webdataset()
         .decode()
@@ -32,21 +45,9 @@ def id_graph(pattern: str, *, batch_size: int = 4, buffer_size: int = 16) -> Any
     )
 
 
-def indexed_graph(pattern: str, *, batch_size: int = 4, buffer_size: int = 16) -> Any:
-    """``id_graph`` with ``sharding_by_index`` (the sidecar index must exist) in place of ``sharding_filter``."""
-    return (
-        IterableWrapper([pattern])
-        .shard_expand()
-        .shuffle()
-        .sharding_by_index()
-        .open_files_by_fsspec()
-        .load_from_tar()
-        .webdataset()
-        .decode()
-        .map(sample_id)
-        .shuffle(buffer_size=buffer_size)
-        .batch(batch_size)
-    )
+def indexed_graph(pattern: str | list[str], **kwargs: Any) -> Any:
+    """``id_graph`` with ``sharding_by_index``."""
+    return id_graph(pattern, index=True, **kwargs)
 
 
 def uninterrupted(dp: Any, rs: Any, epochs: int = 2, seed: int = 3) -> tuple[list[Any], list[Any]]:

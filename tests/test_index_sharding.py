@@ -9,6 +9,7 @@ import pytest
 from torch.utils.data.graph_settings import apply_sharding
 
 from _dist import run_ranks
+from _graphs import indexed_graph, sample_id
 from shardpipes.dataloader2 import (
     DataLoader2,
     DistributedReadingService,
@@ -19,10 +20,6 @@ from shardpipes.dataloader2.reading_service import exact_length_plan
 from shardpipes.datapipes.iter import IterableWrapper, ShardRange
 from shardpipes.index import build_index
 from shardpipes.synthetic import write_synthetic
-
-
-def sample_id(sample):
-    return sample[".json"]["id"]
 
 
 @pytest.fixture
@@ -86,18 +83,7 @@ def test_missing_index_says_how_to_build_one(tmp_path):
 
 
 def full_graph(paths, batch_size=3):
-    return (
-        IterableWrapper(paths)
-        .shuffle()
-        .sharding_by_index()
-        .open_files_by_fsspec()
-        .load_from_tar()
-        .webdataset()
-        .decode()
-        .map(sample_id)
-        .shuffle(buffer_size=8)
-        .batch(batch_size)
-    )
+    return indexed_graph(paths, batch_size=batch_size, buffer_size=8)
 
 
 def test_exact_length_plan_recognises_the_index_graph(indexed):
