@@ -216,3 +216,39 @@ def test_a_state_between_epochs_loads_under_any_topology(shard_pattern):
     fresh, _ = uninterrupted(id_graph(shard_pattern), mp(0), epochs=2)
     second = fresh[len(fresh) // 2 :]
     assert resumed(id_graph(shard_pattern), mp(0), boundary, len(second)) == second
+
+
+@pytest.mark.s3
+def test_index_reads_retry_transient_errors_and_fail_permanent_ones(s3, fault_proxy, shards):
+    """Contiguous and sparse index reads are retried whole after 503s and cut connections (the
+    same samples come back), and a 403 fails at once naming the URL, never the secret."""
+    from servers import DUMMY_SECRET
+    from shardpipes.datapipes.iter._tarparse import iter_tar
+    from shardpipes.datapipes.iter.fsspec import ForbiddenShardError
+    from shardpipes.index import index_shard, open_range
+
+    name = shards.names[2]
+    (url,) = s3.put("flaky", {name: shards.data[name]})
+    info = index_shard(f"{shards.directory}/{name}")
+    proxy = fault_proxy(s3.endpoint)
+    # botocore retries on its own; leave the retrying to us so the faults reach our loop.
+    opts = s3.options(proxy.url, config_kwargs={"retries": {"total_max_attempts": 1}})
+
+    def names(**kw):
+        with open_range(url, kw.pop("offset"), kw.pop("size"), opts, backoff=0.01, **kw) as f:
+            return [e.name for e in iter_tar(f, url, require_end=False)]
+
+    offset, size = info.byte_range(1, 4)
+    expected = [f"{info.keys[i]}.{ext}" for i in range(1, 4) for ext in ("cls", "json", "bin")]
+    proxy.set_faults(match=name, fail_first=2, fail_status=503)
+    assert names(offset=offset, size=size) == expected
+    assert [g.fault for g in proxy.log.gets(name)] == ["fail", "fail", None]
+    proxy.set_faults(match=name, drop_first=2, drop_after=100)
+    assert names(offset=offset, size=size) == expected
+    spans = [info.byte_range(i, i + 1) for i in (0, 5)]
+    proxy.set_faults(match=name, fail_first=1, fail_status=503)
+    assert len(names(offset=spans[0][0], size=sum(n for _, n in spans), spans=spans)) == 6
+    proxy.set_faults(match=name, fail_first=1, fail_status=403)
+    with pytest.raises(ForbiddenShardError, match=rf"^{url}") as err:
+        names(offset=offset, size=size)
+    assert DUMMY_SECRET not in str(err.value)

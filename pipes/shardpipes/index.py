@@ -36,6 +36,8 @@ import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 from tqdm.auto import tqdm
 
+from shardpipes.datapipes.iter._remote import open_remote, with_retries
+from shardpipes.datapipes.iter._retry import Redactor, RetryPolicy
 from shardpipes.datapipes.iter._tarparse import BLOCK, iter_tar
 from shardpipes.datapipes.iter.fsspec import (
     ForbiddenShardError,
@@ -45,7 +47,12 @@ from shardpipes.datapipes.iter.fsspec import (
     open_url,
 )
 from shardpipes.datapipes.iter.webdataset import split_key
-from shardpipes.errors import SampleFormatError, ShardFormatError, ShardpipesError
+from shardpipes.errors import (
+    SampleFormatError,
+    ShardFormatError,
+    ShardpipesError,
+    ShardReadError,
+)
 
 __all__ = [
     "FORMAT",
@@ -722,7 +729,13 @@ class _LocalSpans(io.RawIOBase):
         super().close()
 
 
-def _open_spans(fs: Any, path: str, spans: Sequence[tuple[int, int]]) -> IO[bytes]:
+def _open_spans(
+    fs: Any,
+    path: str,
+    spans: Sequence[tuple[int, int]],
+    redactor: Redactor,
+    retry: RetryPolicy,
+) -> IO[bytes]:
     if isinstance(fs, LocalFileSystem):
         return cast(IO[bytes], _LocalSpans(path, spans))
     groups: list[list[int]] = []  # [start, end] of each request
@@ -731,15 +744,20 @@ def _open_spans(fs: Any, path: str, spans: Sequence[tuple[int, int]]) -> IO[byte
             groups[-1][1] = max(groups[-1][1], off + size)
         else:
             groups.append([off, off + size])
-    blobs = fs.cat_ranges([path] * len(groups), [g[0] for g in groups], [g[1] for g in groups])
     starts = [g[0] for g in groups]
+
+    def fetch() -> list[bytes]:
+        blobs = fs.cat_ranges([path] * len(groups), starts, [g[1] for g in groups])
+        for blob in blobs:
+            if isinstance(blob, BaseException):  # async filesystems return errors in place
+                raise blob
+        return list(blobs)
+
+    blobs = with_retries(fetch, redactor, retry, "sparse range read", starts[0])
     parts = []
     for off, size in spans:
         i = bisect.bisect_right(starts, off) - 1
-        blob = blobs[i]
-        if isinstance(blob, Exception):  # cat_ranges(on_error="return") style results
-            raise blob
-        parts.append(blob[off - starts[i] : off - starts[i] + size])
+        parts.append(blobs[i][off - starts[i] : off - starts[i] + size])
     return io.BytesIO(b"".join(parts))
 
 
@@ -817,6 +835,9 @@ def open_range(
     max_fetch: int = 8 << 20,
     block_size: int = 8 << 20,
     spans: Sequence[tuple[int, int]] = (),
+    retries: int = 5,
+    backoff: float = 0.5,
+    timeout: float | None = 60.0,
 ) -> RangeFile:
     """Open bytes ``[offset, offset + size)`` of a shard, e.g. a run of samples from the index.
 
@@ -825,6 +846,10 @@ def open_range(
     shuffle buffer. Local files: one ``open``, a ``seek`` per span. Other filesystems: one
     ``fs.cat_ranges`` call (concurrent requests on s3fs, gcsfs and HTTP), spans closer than
     256 KiB fetched together.
+
+    Remote reads are retried as ``open_files_by_fsspec``'s are: a fetched range is fetched again
+    whole after a transient error (a connection reset, a 5xx, a time-out), a streamed one
+    resumes at the byte offset it had reached; permanent errors (no such key, 403) fail at once.
 
     Local files: one ``open`` and one ``seek``. Other filesystems: a range of at most
     ``max_fetch`` bytes is fetched whole with one ranged request (``fs.cat_file(path, start,
@@ -840,6 +865,9 @@ def open_range(
         max_fetch: Largest range fetched in one request. Default: ``8 MiB``.
         block_size: Request size for longer ranges. Default: ``8 MiB``.
         spans: ``(offset, size)`` byte spans for a sparse range (then ``size`` is their total).
+        retries: Retries of a transient error. Default: ``5``.
+        backoff: First retry delay in seconds, doubled each time. Default: ``0.5``.
+        timeout: Seconds a remote request may take. Default: ``60``.
 
     Raises:
         ValueError: Negative ``offset`` or ``size``.
@@ -862,17 +890,30 @@ def open_range(
             raise ValueError(f"{name} should be an int >= 0, got {value!r}")
     fs, path = filesystem(url, storage_options)
     raw: IO[bytes]
+    local = isinstance(fs, LocalFileSystem)
+    retry = RetryPolicy(retries=retries, backoff=backoff, timeout=timeout)
+    redactor = Redactor(url, storage_options)
     try:
         if spans:
-            raw = _open_spans(fs, path, spans)
-        elif isinstance(fs, LocalFileSystem):
+            raw = _open_spans(fs, path, spans, redactor, retry)
+        elif local:
             raw = open(path, "rb")  # noqa: SIM115  # closed by RangeFile.close
             raw.seek(offset)
         elif size <= max_fetch:
-            raw = io.BytesIO(fs.cat_file(path, start=offset, end=offset + size))
+            data = with_retries(
+                lambda: fs.cat_file(path, start=offset, end=offset + size), redactor, retry,
+                "range read", offset,
+            )  # fmt: skip
+            raw = io.BytesIO(data)
         else:
-            raw = fs.open(path, "rb", block_size=block_size, cache_type="readahead")
-            raw.seek(offset)
+            stream = open_remote(
+                url, fs, path, block_size=block_size, readahead=2, retry=retry,
+                storage_options=storage_options,
+            )  # fmt: skip
+            stream.seek(offset)
+            raw = cast(IO[bytes], stream)
+    except ShardReadError:
+        raise  # already names the URL (without credentials) and the offset
     except FileNotFoundError as exc:
         raise MissingShardError(f"{url}: no such file", url=url, offset=offset) from exc
     except PermissionError as exc:

@@ -24,8 +24,8 @@ import io
 import logging
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from shardpipes.datapipes.iter._retry import (
     ForbiddenShardError,
@@ -53,6 +53,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 # --- transports: how one range (or the next piece of a stream) is fetched ----------------------
@@ -507,6 +509,36 @@ class RemoteStream(io.RawIOBase):
         return f"RemoteStream({self.url!r}, size={self.size}, pos={self._pos})"
 
 
+def with_retries(
+    call: Callable[[], T], redactor: Redactor, retry: RetryPolicy, what: str, offset: int
+) -> T:
+    """``call()``, repeated with backoff while it fails with transient errors.
+
+    For requests that are all or nothing (a look-up, one ranged fetch): a retry repeats the
+    whole request, so nothing is lost or read twice.
+
+    Raises:
+        ShardReadError: (a subclass) a permanent error at once, or the last transient one
+            when the retries are spent, naming the URL (never credentials) and ``offset``.
+    """
+    attempt, began = 0, time.monotonic()
+    while True:
+        try:
+            return call()
+        except Exception as exc:  # noqa: PERF203  # the loop is the retrying
+            kind = classify_error(exc)
+            if kind != "transient" or attempt >= retry.retries:
+                redactor.raise_(exc, kind, offset, attempt + 1, time.monotonic() - began)
+            wait = retry.delay(attempt)
+            logger.warning(
+                "%s: %s failed at byte offset %d (%s), attempt %d of %d; retrying in %.2fs",
+                redactor.url, what, offset, redactor.describe(exc), attempt + 1,
+                retry.retries + 1, wait,
+            )  # fmt: skip
+            time.sleep(wait)
+            attempt += 1
+
+
 def open_remote(
     url: str,
     fs: Any,
@@ -528,22 +560,7 @@ def open_remote(
         ShardReadError: Any other failure. Messages name the URL, never credentials.
     """
     redactor = Redactor(url, storage_options)
-    attempt, began = 0, time.monotonic()
-    while True:
-        try:
-            info = _info(fs, path, retry.timeout)
-            break
-        except Exception as exc:
-            kind = classify_error(exc)
-            if kind != "transient" or attempt >= retry.retries:
-                redactor.raise_(exc, kind, 0, attempt + 1, time.monotonic() - began)
-            wait = retry.delay(attempt)
-            logger.warning(
-                "%s: look-up failed (%s), attempt %d of %d; retrying in %.2fs",
-                redactor.url, redactor.describe(exc), attempt + 1, retry.retries + 1, wait,
-            )  # fmt: skip
-            time.sleep(wait)
-            attempt += 1
+    info = with_retries(lambda: _info(fs, path, retry.timeout), redactor, retry, "look-up", 0)
     if info.get("type") == "directory":
         msg = f"{redactor.url}: is a directory, not a file"
         raise NotAFileError(msg, url=redactor.url, offset=0, err=errno.EISDIR)

@@ -260,7 +260,16 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
 
             return cast(
                 IO[Any],
-                open_range(str(url), url.offset, url.size, self.storage_options, spans=url.spans),
+                open_range(
+                    str(url),
+                    url.offset,
+                    url.size,
+                    self.storage_options,
+                    spans=url.spans,
+                    retries=self.retries,
+                    backoff=self.backoff,
+                    timeout=self.timeout,
+                ),
             )
         return open_url(
             url,
