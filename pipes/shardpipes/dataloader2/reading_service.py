@@ -27,6 +27,7 @@ from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import apply_sharding, get_all_graph_pipes
 
+from shardpipes.dataloader2._shm import Attachments
 from shardpipes.dataloader2._stats import graph_skips, merge_skips, skips_from_dict
 from shardpipes.dataloader2._worker import EpochSlot, WorkerDataset, WorkerPoolIterDataPipe
 from shardpipes.dataloader2.seeding import SeedGenerator, has_sharding, seed_graph
@@ -192,6 +193,7 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         self._slot: EpochSlot | None = None
         self._loader: Any = None
         self._generator: SeedGenerator | None = None
+        self._attached = Attachments()  # shared-memory blocks of the workers' large values
 
     def initialize(self, datapipe: IterDataPipe[Any]) -> IterDataPipe[Any]:
         """Move all but the main-process tail of the graph into the worker pool."""
@@ -233,7 +235,13 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         if self._core is None or self._slot is None:
             raise RuntimeError("initialize() was not called")
         return loader_cls(
-            WorkerDataset(self._core, self._slot, self.worker_init_fn),
+            WorkerDataset(
+                self._core,
+                self._slot,
+                self.worker_init_fn,
+                shm_slots=self.worker_prefetch_cnt + 2,
+                shm_owner=self._attached.owner,
+            ),
             batch_size=None,
             num_workers=self.num_workers,
             multiprocessing_context=self.multiprocessing_context,
@@ -261,7 +269,7 @@ class MultiProcessingReadingService(ReadingServiceInterface):
                 return
             except Exception as exc:
                 raise self._explain(exc) from None
-            yield item
+            yield self._attached.unpack(item)
 
     def _explain(self, exc: Exception) -> Exception:
         """Name the rank in a worker's error; turn a dead worker into a ``WorkerError``."""
@@ -303,6 +311,7 @@ class MultiProcessingReadingService(ReadingServiceInterface):
             # StatefulDataLoader keeps persistent workers on this iterator; stopping them
             # here, not in a __del__, is what makes shutdown deterministic.
             iterator._shutdown_workers()
+        self._attached.close()
 
 
 class DistributedReadingService(ReadingServiceInterface):

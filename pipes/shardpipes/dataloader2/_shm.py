@@ -1,0 +1,191 @@
+"""Large ``bytes`` values cross from worker processes through reused shared memory, not the pipe.
+
+A batch of 64 samples of 100 KB is 6.4 MB. Pickled into a worker's result pipe it is copied
+four times, and the pipe's 64 KB kernel buffer makes the two processes take turns every 64 KB.
+Instead, each worker keeps a small ring of shared-memory blocks (``multiprocessing.shared_memory``,
+created once and reused, so their pages stay mapped). :meth:`Ring.pack` copies every ``bytes``
+value of at least :data:`MIN_BYTES` of a batch into the next block and sends the batch with
+small placeholders; :meth:`Attachments.unpack`, in the main process, copies each value out of
+the block into a ``bytes`` again as soon as the batch arrives. The training loop sees exactly
+the items of an in-process run.
+
+Why a ring is safe: a worker holds at most ``prefetch`` batches the main process has asked for
+and not received, and the main process copies a batch out before asking for another. A ring of
+``prefetch + 2`` blocks is therefore never written while its previous batch is being read. The
+block's first 8 bytes hold the number of the batch written into it; the main process checks it
+before and after copying and raises rather than return torn data, should that ever fail.
+
+A torch shared-memory storage per batch was tried first: passing a new storage through torch's
+queues cost more than pickling the bytes (docs/performance.md).
+
+Only the containers batches are made of are searched: lists, tuples and dicts, two levels deep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import struct
+from multiprocessing import resource_tracker, shared_memory
+from typing import Any, cast
+
+__all__ = ["MIN_BYTES", "Attachments", "Packed", "Ring"]
+
+#: Smallest ``bytes`` value sent through shared memory (smaller ones are cheaper to pickle).
+MIN_BYTES = 32 << 10
+_MIN_BLOCK = 8 << 20
+_HEADER = struct.Struct("<q")
+PREFIX = "shardpipes_"
+
+
+class _Ref:
+    """Placeholder for value ``i`` of a :class:`Packed` batch."""
+
+    __slots__ = ("i",)
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Ref, (self.i,))
+
+
+class Packed:
+    """A batch whose large values sit in shared-memory block ``name`` at ``spans``."""
+
+    __slots__ = ("item", "name", "seq", "spans")
+
+    def __init__(self, item: Any, name: str, seq: int, spans: list[tuple[int, int]]) -> None:
+        self.item = item
+        self.name = name
+        self.seq = seq
+        self.spans = spans
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Packed, (self.item, self.name, self.seq, self.spans))
+
+
+def _large(x: Any, depth: int) -> bool:
+    kind = type(x)
+    if kind is bytes:
+        return len(x) >= MIN_BYTES
+    if depth and (isinstance(x, list) or kind is tuple):
+        return any(_large(v, depth - 1) for v in x)
+    if depth and kind is dict:
+        return any(_large(v, depth - 1) for v in x.values())
+    return False
+
+
+def _swap(x: Any, depth: int, found: list[bytes]) -> Any:
+    kind = type(x)
+    if kind is bytes and len(x) >= MIN_BYTES:
+        found.append(x)
+        return _Ref(len(found) - 1)
+    if depth and (isinstance(x, list) or kind is tuple):  # batches are often DataChunk lists
+        return kind([_swap(v, depth - 1, found) for v in x])
+    if depth and kind is dict:
+        return {k: _swap(v, depth - 1, found) for k, v in x.items()}
+    return x
+
+
+def _restore(x: Any, depth: int, values: list[bytes]) -> Any:
+    kind = type(x)
+    if kind is _Ref:
+        return values[x.i]
+    if depth and (isinstance(x, list) or kind is tuple):
+        return kind([_restore(v, depth - 1, values) for v in x])
+    if depth and kind is dict:
+        return {k: _restore(v, depth - 1, values) for k, v in x.items()}
+    return x
+
+
+class Ring:
+    """A worker's blocks (``slots`` of them), written round-robin, one batch per block.
+
+    Blocks are named ``shardpipes_<owner>_<worker pid>_<slot>`` and removed by the main
+    process (:meth:`Attachments.close`, which also removes any a dead worker left behind);
+    ``owner`` is :attr:`Attachments.owner` of the loader they belong to.
+    """
+
+    def __init__(self, slots: int, owner: str) -> None:
+        self.slots = slots
+        self.owner = owner
+        self.blocks: list[shared_memory.SharedMemory | None] = [None] * slots
+        self.seq = 0
+
+    def _block(self, slot: int, size: int) -> shared_memory.SharedMemory | None:
+        block = self.blocks[slot]
+        if block is None:
+            name = f"{PREFIX}{self.owner}_{os.getpid()}_{slot}"
+            # Room for half as much again as the first batch; a larger one is pickled.
+            block = shared_memory.SharedMemory(
+                name, create=True, size=max(size * 3 // 2, _MIN_BLOCK)
+            )
+            # The main process removes it; without this, this worker's resource tracker would
+            # call it leaked (and try to remove it again) when the worker exits.
+            resource_tracker.unregister(block._name, "shared_memory")  # type: ignore[attr-defined]
+            self.blocks[slot] = block
+        return block if block.size >= size else None
+
+    def pack(self, item: Any) -> Any:
+        """``item``, or a :class:`Packed` copy with its large values in the next block."""
+        if not _large(item, 2):
+            return item
+        found: list[bytes] = []
+        skeleton = _swap(item, 2, found)
+        block = self._block((self.seq + 1) % self.slots, _HEADER.size + sum(len(b) for b in found))
+        if block is None:
+            return item
+        self.seq += 1
+        buf = cast(memoryview, block.buf)  # None only after close()
+        _HEADER.pack_into(buf, 0, self.seq)
+        spans, at = [], _HEADER.size
+        for b in found:
+            buf[at : at + len(b)] = b
+            spans.append((at, len(b)))
+            at += len(b)
+        return Packed(skeleton, block.name, self.seq, spans)
+
+
+class Attachments:
+    """The main process's side: blocks it has mapped, by name; unlinks them at :meth:`close`."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[str, shared_memory.SharedMemory] = {}
+        # Names this loader's blocks: the process and a token (two loaders in one process,
+        # such as training and validation, must not remove each other's blocks).
+        self.owner = f"{os.getpid()}x{secrets.token_hex(4)}"
+
+    def unpack(self, item: Any) -> Any:
+        """The batch :meth:`Ring.pack` was given."""
+        if type(item) is not Packed:
+            return item
+        block = self.blocks.get(item.name)
+        if block is None:
+            block = self.blocks[item.name] = shared_memory.SharedMemory(item.name)
+        buf = cast(memoryview, block.buf)  # None only after close()
+        values = [bytes(buf[at : at + n]) for at, n in item.spans]
+        if _HEADER.unpack_from(buf, 0)[0] != item.seq:
+            raise RuntimeError(
+                f"shared-memory block {item.name} was overwritten before batch {item.seq} was "
+                "read from it; please report this"
+            )
+        return _restore(item.item, 2, values)
+
+    def close(self) -> None:
+        """Unmap and remove every block seen (the workers have stopped)."""
+        for block in self.blocks.values():
+            block.close()
+            try:
+                block.unlink()  # also tells the resource tracker it is gone
+            except FileNotFoundError:
+                resource_tracker.unregister(block._name, "shared_memory")  # type: ignore[attr-defined]
+        self.blocks.clear()
+        # Blocks a worker made but never sent (it died first): remove them by name.
+        shm = "/dev/shm"
+        if os.path.isdir(shm):
+            for name in os.listdir(shm):
+                if name.startswith(f"{PREFIX}{self.owner}_"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(shm, name))
