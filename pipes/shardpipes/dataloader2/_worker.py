@@ -79,7 +79,7 @@ def _tune_malloc() -> None:
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)  # the largest glibc accepts on 64-bit
-        libc.mallopt(_M_TRIM_THRESHOLD, 256 << 20)
+        libc.mallopt(_M_TRIM_THRESHOLD, 64 << 20)  # at most 64 MiB kept beyond what is used
     except (OSError, AttributeError):
         pass
 
