@@ -316,3 +316,36 @@ def test_writer_encodes_numpy_labels_and_fields_named_without_a_dot(tmp_path):
         w.write({"__key__": "k", "cls": np.int64(3), "json": {"a": [1]}, "npy": np.arange(3)})
     [s] = list(IterableWrapper(w.urls).open_files_by_fsspec().load_from_tar().webdataset().decode())
     assert (s[".cls"], s[".json"], s[".npy"].tolist()) == (3, {"a": [1]}, [0, 1, 2])
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"a": 1}',
+        b'  {"a": [1, 2.5, null]}\n',
+        '{"\u00e9": "\u00fc"}  '.encode(),
+        b'\xef\xbb\xbf{"a": 1}',  # a UTF-8 byte-order mark
+        b'"x"',
+        b'{"a": 1} x',  # extra data
+        b'{"a": 1}\x0c',  # not JSON whitespace
+        b"{",
+        b"",
+        b"\xff",
+    ],
+)
+def test_json_fast_path_agrees_with_json_loads(data):
+    """The decoder skips json.loads' wrapping for plain UTF-8 documents; results and errors
+    must be exactly json.loads'."""
+    import json
+
+    from shardpipes.datapipes.iter.decode import _json
+
+    try:
+        expected = ("value", json.loads(data))
+    except Exception as exc:
+        expected = ("error", type(exc), str(exc))
+    try:
+        got = ("value", _json(data))
+    except Exception as exc:
+        got = ("error", type(exc), str(exc))
+    assert got == expected
