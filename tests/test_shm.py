@@ -14,7 +14,7 @@ from shardpipes.synthetic import write_synthetic
 
 
 def leftover_blocks() -> list[str]:
-    return [n for n in os.listdir("/dev/shm") if n.startswith(f"{PREFIX}{os.getpid()}x")]
+    return [n for n in os.listdir("/dev/shm") if n.startswith(PREFIX)]
 
 
 def test_pack_and_unpack_give_back_the_same_batch():
@@ -102,3 +102,16 @@ def test_two_loaders_in_one_process_keep_their_own_blocks(tmp_path):
             assert sorted(x for b in val for x in b) == first
         # val's shutdown removed only its own blocks: train's next epoch still reads its own
         assert sorted(x for b in train for x in b) == first
+
+
+def test_without_shared_memory_batches_are_pickled(monkeypatch):
+    from multiprocessing import shared_memory
+
+    def refuse(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(shared_memory, "SharedMemory", refuse)
+    ring = Ring(slots=2, owner="test")
+    item = [os.urandom(MIN_BYTES)]
+    assert ring.pack(item) is item and ring.broken
+    assert ring.pack(item) is item  # it does not try again for every batch

@@ -24,6 +24,7 @@ Only the containers batches are made of are searched: lists, tuples and dicts, t
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import struct
@@ -32,11 +33,13 @@ from typing import Any, cast
 
 __all__ = ["MIN_BYTES", "Attachments", "Packed", "Ring"]
 
+logger = logging.getLogger(__name__)
+
 #: Smallest ``bytes`` value sent through shared memory (smaller ones are cheaper to pickle).
 MIN_BYTES = 32 << 10
 _MIN_BLOCK = 8 << 20
 _HEADER = struct.Struct("<q")
-PREFIX = "shardpipes_"
+PREFIX = "spipe_"  # short: macOS allows 31 characters in a shared-memory name
 
 
 class _Ref:
@@ -103,9 +106,10 @@ def _restore(x: Any, depth: int, values: list[bytes]) -> Any:
 class Ring:
     """A worker's blocks (``slots`` of them), written round-robin, one batch per block.
 
-    Blocks are named ``shardpipes_<owner>_<worker pid>_<slot>`` and removed by the main
-    process (:meth:`Attachments.close`, which also removes any a dead worker left behind);
-    ``owner`` is :attr:`Attachments.owner` of the loader they belong to.
+    Blocks are named ``spipe_<owner>_<worker pid>_<slot>`` and removed by the main process
+    (:meth:`Attachments.close`, which also removes any a dead worker left behind); ``owner``
+    is :attr:`Attachments.owner` of the loader they belong to. Where shared memory cannot be
+    made (no ``/dev/shm``, a full one), batches are pickled as they would be without the ring.
     """
 
     def __init__(self, slots: int, owner: str) -> None:
@@ -113,15 +117,21 @@ class Ring:
         self.owner = owner
         self.blocks: list[shared_memory.SharedMemory | None] = [None] * slots
         self.seq = 0
+        self.broken = False
 
     def _block(self, slot: int, size: int) -> shared_memory.SharedMemory | None:
         block = self.blocks[slot]
         if block is None:
             name = f"{PREFIX}{self.owner}_{os.getpid()}_{slot}"
             # Room for half as much again as the first batch; a larger one is pickled.
-            block = shared_memory.SharedMemory(
-                name, create=True, size=max(size * 3 // 2, _MIN_BLOCK)
-            )
+            try:
+                block = shared_memory.SharedMemory(
+                    name, create=True, size=max(size * 3 // 2, _MIN_BLOCK)
+                )
+            except OSError as exc:
+                logger.warning("no shared memory for large payloads (%s); pickling them", exc)
+                self.broken = True
+                return None
             # The main process removes it; without this, this worker's resource tracker would
             # call it leaked (and try to remove it again) when the worker exits.
             resource_tracker.unregister(block._name, "shared_memory")  # type: ignore[attr-defined]
@@ -130,7 +140,7 @@ class Ring:
 
     def pack(self, item: Any) -> Any:
         """``item``, or a :class:`Packed` copy with its large values in the next block."""
-        if not _large(item, 2):
+        if self.broken or not _large(item, 2):
             return item
         found: list[bytes] = []
         skeleton = _swap(item, 2, found)
@@ -153,9 +163,9 @@ class Attachments:
 
     def __init__(self) -> None:
         self.blocks: dict[str, shared_memory.SharedMemory] = {}
-        # Names this loader's blocks: the process and a token (two loaders in one process,
-        # such as training and validation, must not remove each other's blocks).
-        self.owner = f"{os.getpid()}x{secrets.token_hex(4)}"
+        # Names this loader's blocks (two loaders in one process, such as training and
+        # validation, must not remove each other's blocks).
+        self.owner = secrets.token_hex(4)
 
     def unpack(self, item: Any) -> Any:
         """The batch :meth:`Ring.pack` was given."""
