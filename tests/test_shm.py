@@ -44,23 +44,41 @@ def test_a_batch_larger_than_its_block_is_pickled_instead():
     ring = Ring(slots=2, owner=attached.owner)
     try:
         first = [b"a" * MIN_BYTES]
-        assert type(ring.pack(first)) is Packed  # makes the blocks of ring slot 1 (8 MiB)
-        ring.pack(first)  # slot 0
+        attached.unpack(ring.pack(first))  # makes the block of ring slot 1 (8 MiB)
+        attached.unpack(ring.pack(first))  # slot 0
         huge = [os.urandom(9 << 20)]
         assert ring.pack(huge) is huge
     finally:
-        attached.unpack(ring.pack(first))
+        attached.close()
+
+
+def test_a_block_not_yet_copied_out_is_not_written_again():
+    """More batches in flight than blocks (all requests going to one worker at the end of an
+    epoch): the batch that finds its block still in use is pickled instead."""
+    attached = Attachments()
+    ring = Ring(slots=1, owner=attached.owner)
+    try:
+        first = [os.urandom(MIN_BYTES)]
+        packed = ring.pack(first)
+        second = [os.urandom(MIN_BYTES)]
+        assert ring.pack(second) is second  # the only block still holds `first`
+        assert attached.unpack(packed) == first  # intact
+        assert type(ring.pack(second)) is Packed  # copied out: the block is free again
+    finally:
         attached.close()
 
 
 def test_an_overwritten_block_is_detected():
+    import struct
+
     attached = Attachments()
     ring = Ring(slots=1, owner=attached.owner)
     try:
-        old = ring.pack([os.urandom(MIN_BYTES)])
-        ring.pack([os.urandom(MIN_BYTES)])  # one slot: the same block again
+        packed = ring.pack([os.urandom(MIN_BYTES)])
+        block = ring.blocks[0]
+        struct.pack_into("<q", block.buf, 0, packed.seq + 1)  # as if written again too early
         with pytest.raises(RuntimeError, match="overwritten"):
-            attached.unpack(old)
+            attached.unpack(packed)
     finally:
         attached.close()
 

@@ -9,11 +9,13 @@ small placeholders; :meth:`Attachments.unpack`, in the main process, copies each
 the block into a ``bytes`` again as soon as the batch arrives. The training loop sees exactly
 the items of an in-process run.
 
-Why a ring is safe: a worker holds at most ``prefetch`` batches the main process has asked for
-and not received, and the main process copies a batch out before asking for another. A ring of
-``prefetch + 2`` blocks is therefore never written while its previous batch is being read. The
-block's first 8 bytes hold the number of the batch written into it; the main process checks it
-before and after copying and raises rather than return torn data, should that ever fail.
+Why a ring is safe: each block starts with two numbers, the batch last written into it (by the
+worker) and the batch last copied out of it (by the main process). A worker writes a block only
+when the two are equal, that is when the main process is done with it; otherwise (more batches
+in flight than blocks, as when the other workers have finished an epoch and all requests go to
+this one) it pickles that batch as it would without the ring. The main process checks the
+written number again after copying and raises rather than return torn data, should anything
+ever write a block early. ``prefetch + 2`` blocks per worker cover the usual case.
 
 A torch shared-memory storage per batch was tried first: passing a new storage through torch's
 queues cost more than pickling the bytes (docs/performance.md).
@@ -38,7 +40,8 @@ logger = logging.getLogger(__name__)
 #: Smallest ``bytes`` value sent through shared memory (smaller ones are cheaper to pickle).
 MIN_BYTES = 32 << 10
 _MIN_BLOCK = 8 << 20
-_HEADER = struct.Struct("<q")
+_SEQ = struct.Struct("<q")  # at 0: the batch last written; at 8: the batch last copied out
+_HEADER_SIZE = 16
 PREFIX = "spipe_"  # short: macOS allows 31 characters in a shared-memory name
 
 
@@ -144,13 +147,15 @@ class Ring:
             return item
         found: list[bytes] = []
         skeleton = _swap(item, 2, found)
-        block = self._block((self.seq + 1) % self.slots, _HEADER.size + sum(len(b) for b in found))
+        block = self._block((self.seq + 1) % self.slots, _HEADER_SIZE + sum(len(b) for b in found))
         if block is None:
             return item
-        self.seq += 1
         buf = cast(memoryview, block.buf)  # None only after close()
-        _HEADER.pack_into(buf, 0, self.seq)
-        spans, at = [], _HEADER.size
+        if _SEQ.unpack_from(buf, 0) != _SEQ.unpack_from(buf, 8):
+            return item  # the main process has not copied this block's batch out yet
+        self.seq += 1
+        _SEQ.pack_into(buf, 0, self.seq)
+        spans, at = [], _HEADER_SIZE
         for b in found:
             buf[at : at + len(b)] = b
             spans.append((at, len(b)))
@@ -176,11 +181,12 @@ class Attachments:
             block = self.blocks[item.name] = shared_memory.SharedMemory(item.name)
         buf = cast(memoryview, block.buf)  # None only after close()
         values = [bytes(buf[at : at + n]) for at, n in item.spans]
-        if _HEADER.unpack_from(buf, 0)[0] != item.seq:
+        if _SEQ.unpack_from(buf, 0)[0] != item.seq:
             raise RuntimeError(
                 f"shared-memory block {item.name} was overwritten before batch {item.seq} was "
                 "read from it; please report this"
             )
+        _SEQ.pack_into(buf, 8, item.seq)  # the block is free for the worker again
         return _restore(item.item, 2, values)
 
     def close(self) -> None:
