@@ -252,3 +252,15 @@ def test_index_reads_retry_transient_errors_and_fail_permanent_ones(s3, fault_pr
     with pytest.raises(ForbiddenShardError, match=rf"^{url}") as err:
         names(offset=offset, size=size)
     assert DUMMY_SECRET not in str(err.value)
+
+
+def test_main_process_stages_do_not_hide_the_resume_shape(indexed):
+    """The loader's own graph (pool, main-process prefetch, pin_memory) still seeks."""
+    from shardpipes.datapipes.iter._index_length import resume_shape
+
+    rs = MultiProcessingReadingService(num_workers=2, main_prefetch_cnt=2, pin_memory=True)
+    with DataLoader2(indexed_graph(indexed).pin_memory(), reading_service=rs) as dl:
+        iter(dl)  # builds the loader's graph
+        found = resume_shape(dl._graph)
+    assert not isinstance(found, str), found
+    assert found[0].batch_size == 4 and found[0].buffer_size == 16

@@ -88,6 +88,8 @@ def _main_side(dp: Any) -> bool:
     from shardpipes.datapipes.iter.prefetch import PinMemoryIterDataPipe
     from shardpipes.datapipes.iter.sync import ExactLengthIterDataPipe
 
+    if isinstance(dp, PrefetcherIterDataPipe):  # main_prefetch_cnt's, over the worker pool
+        return isinstance(dp.source_datapipe, WorkerPoolIterDataPipe)
     return isinstance(dp, ExactLengthIterDataPipe | PinMemoryIterDataPipe | WorkerPoolIterDataPipe)
 
 
