@@ -6,7 +6,8 @@ detection, pinning and per-worker state. We give it a plain ``IterableDataset`` 
 ``IterDataPipe``, so torch applies none of its own DataPipe sharding or seeding) that applies
 ours: multiprocessing-priority sharding once per worker, and per-epoch seeds read from a small
 shared-memory tensor that the main process writes before each epoch (workers persist across
-epochs, so this is how a new seed reaches them).
+epochs, so this is how a new seed reaches them). Large ``bytes`` values of a batch travel
+through each worker's ring of shared-memory blocks (``_shm.py``).
 """
 
 from __future__ import annotations
@@ -72,9 +73,8 @@ def _tune_malloc() -> None:
 
     glibc serves allocations above a (dynamic) threshold with ``mmap`` and trims the heap
     eagerly; with 100 KB samples a worker then spends much of its time faulting fresh pages in
-    (measured: 1 worker 7.2k -> 12.8k samples/s, 2 workers 10.9k -> 16.1k on the large
-    benchmark preset). Only worker processes, which shardpipes owns, are tuned. Elsewhere than
-    glibc this does nothing.
+    (measured on the large benchmark preset: 1 worker 7.2k -> 11-13k samples/s). Only worker
+    processes, which shardpipes owns, are tuned. Elsewhere than glibc this does nothing.
     """
     try:
         libc = ctypes.CDLL("libc.so.6")
