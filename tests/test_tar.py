@@ -511,3 +511,103 @@ def test_read_error_mid_shard_is_skipped_under_a_handler(tmp_path, handler):
     assert (dp.skipped.shards, dp.skipped.samples) == (1, 0)
     assert dp.skipped.examples[0][0] == flaky
     assert all(stream.closed for _, stream in source)
+
+
+# --- the two read paths: a mapped local file, and a stream ---------------------------------------
+
+
+def _open_as(path: str, kind: str) -> io.IOBase:
+    """Open ``path`` to be read mapped (a plain file at offset 0) or as a stream (in memory)."""
+    if kind == "mapped":
+        return open(path, "rb")
+    with open(path, "rb") as f:
+        return io.BytesIO(f.read())
+
+
+@pytest.mark.parametrize("path_kind", ["mapped", "stream"])
+def test_large_members_read_back_on_both_paths(tmp_path, path_kind):
+    # Members of 64 KiB and more are read with pread from a mapped file: sizes on both sides of
+    # that line, and one that is not a multiple of 512 (padding after it).
+    members = [
+        ("a.bin", bytes(range(256)) * 256),  # exactly 64 KiB
+        ("a.cls", b"1"),
+        ("b.bin", b"\x07" * (100_000 + 3)),
+        ("c.bin", b"x" * (64 * 1024 - 1)),
+    ]
+    path = write_tar(tmp_path / "big.tar", members)
+    with _open_as(path, path_kind) as f:
+        got = list(iter_tar(f, path, chunk_size=4096))
+    assert [(e.name, e.data) for e in got] == members
+    assert all(type(e.data) is bytes for e in got)
+    ref = tarfile_members(tar_bytes(members))
+    assert [(e.offset, e.data_offset) for e in got] == [(m.offset, m.offset_data) for m in ref]
+
+
+@pytest.mark.parametrize("path_kind", ["mapped", "stream"])
+@pytest.mark.parametrize("where", CUTS)
+def test_truncation_reads_the_same_on_both_paths(tmp_path, where, path_kind):
+    data = tar_bytes(ABC)
+    cut, offset, what = _cut_points(data)[where]
+    path = write_bytes(tmp_path / "cut.tar", data[:cut])
+    with _open_as(path, path_kind) as f:
+        with pytest.raises(ShardFormatError, match=re.escape(what)) as info:
+            list(iter_tar(f, path))
+    assert info.value.offset == offset
+
+
+def test_gzip_shard_is_named_on_the_mapped_path(tmp_path):
+    import gzip
+
+    path = write_bytes(tmp_path / "s.tar.gz", gzip.compress(tar_bytes(ABC)))
+    with open(path, "rb") as f, pytest.raises(ShardFormatError, match="is gzip-compressed"):
+        list(iter_tar(f, path))
+
+
+def test_a_file_not_at_its_start_is_read_as_a_stream(tmp_path):
+    # Mapping starts at byte 0: a file object already moved on must be read from where it is.
+    data = tar_bytes(ABC)
+    path = write_bytes(tmp_path / "s.tar", data)
+    cut = tarfile_members(data)[2].offset
+    with open(path, "rb") as f:
+        f.seek(cut)
+        got = [(e.name, e.data, e.offset) for e in iter_tar(f, path, start_offset=cut)]
+    assert [(n, d) for n, d, _ in got] == ABC[2:]
+    assert got[0][2] == cut
+
+
+def test_compressed_fsspec_file_is_not_mapped(tmp_path):
+    # fsspec's compression wrapper has a fileno() too, of the compressed file: reading must go
+    # through the wrapper (and see the tar), never map the gzip bytes.
+    import gzip
+
+    path = write_bytes(tmp_path / "s.tar.gz", gzip.compress(tar_bytes(ABC)))
+    dp = IterableWrapper([path]).open_files_by_fsspec(open_kwargs={"compression": "gzip"})
+    assert [read_pair(p)[1] for p in dp.load_from_tar()] == [d for _, d in ABC]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(archive=archives(), chunk_size=st.sampled_from([512, 1536, 1 << 20]))
+def test_mapped_path_reads_back_what_tarfile_wrote(tmp_path_factory, archive, chunk_size):
+    members, data = archive
+    path = write_bytes(tmp_path_factory.mktemp("m") / "s.tar", data)
+    with open(path, "rb") as f:
+        got = list(iter_tar(f, "u", chunk_size=chunk_size))
+    assert [(e.name, e.data) for e in got] == members
+    ref = tarfile_members(data)
+    assert [(e.offset, e.data_offset) for e in got] == [(m.offset, m.offset_data) for m in ref]
+
+
+@pytest.mark.timeout(120)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=damaged())
+def test_damaged_archives_fail_alike_mapped_and_streamed(tmp_path_factory, data):
+    def outcome(stream):
+        try:
+            return [(e.name, e.data, e.offset) for e in iter_tar(stream, "u")]
+        except ShardFormatError as exc:
+            return (str(exc), exc.offset)
+
+    path = write_bytes(tmp_path_factory.mktemp("d") / "s.tar", data)
+    with open(path, "rb") as f:
+        mapped = outcome(f)
+    assert mapped == outcome(io.BytesIO(data))
