@@ -66,6 +66,23 @@ def _s3cat(m: dict) -> dict:
     return {"samples": m["samples"], "seconds": [seconds], "first_batch_s": None, "loader": loader}
 
 
+def _children_rss_kb() -> list[int]:
+    """VmRSS of this process's live children (the workers), read from /proc."""
+    me, out = str(os.getpid()), []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = f.read().rsplit(")", 1)[1].split()[1]
+            if ppid == me:
+                with open(f"/proc/{pid}/status") as f:
+                    out += [int(x.split()[1]) for x in f if x.startswith("VmRSS:")]
+        except (OSError, IndexError):
+            continue  # exited meanwhile
+    return out
+
+
 def _cpu_s() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -77,6 +94,7 @@ def _iterate(m: dict, workers: int, cfg: dict, epochs: int) -> dict:
     t0 = time.perf_counter()
     iterable, close, loader = make(m, workers, cfg)
     seconds, first, counts = [], None, []
+    rss, rss_children = [], []  # after each epoch: this process, and the sum over live workers
     try:
         for _ in range(epochs):
             n = 0
@@ -88,12 +106,22 @@ def _iterate(m: dict, workers: int, cfg: dict, epochs: int) -> dict:
                     first = t_last - t0
             seconds.append(t_last - t0)
             counts.append(n)
+            if epochs > 1:  # reading /proc is not part of the timed work
+                rss.append(_status_kb("VmRSS") / 1024)
+                rss_children.append(sum(_children_rss_kb()) / 1024)
             t0 = time.perf_counter()
     finally:
         close()
     if len(set(counts)) != 1:
         raise RuntimeError(f"sample counts differ between epochs: {counts}")
-    return {"samples": counts[-1], "seconds": seconds, "first_batch_s": first, "loader": loader}
+    return {
+        "samples": counts[-1],
+        "seconds": seconds,
+        "first_batch_s": first,
+        "loader": loader,
+        "rss_epochs_mb": rss,
+        "rss_children_epochs_mb": rss_children,
+    }
 
 
 def main() -> None:

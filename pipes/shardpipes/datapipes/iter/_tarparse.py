@@ -345,6 +345,11 @@ def _iter_mapped(buf: mmap.mmap, fd: int, url: str, chunk_size: int) -> Iterator
     carry: _Carry = [None, _NO_PAX, None]
     pos = 0
     pread = os.pread
+    # Pages of the map that were read stay in this process's resident set (as shared file
+    # pages) until unmapped; let go of each group's pages once its members are out, so a
+    # mapped shard costs the process a group's worth of pages, not the shard's size.
+    release = getattr(buf, "madvise", None)
+    released = 0
     while True:
         # Headers are verified a group ahead of the members yielded; a group spans 4 chunks of
         # the file, since scanning a map reads nothing but the headers, and the numpy check
@@ -361,6 +366,10 @@ def _iter_mapped(buf: mmap.mmap, fd: int, url: str, chunk_size: int) -> Iterator
             if len(data) != size:  # the file was truncated since it was mapped
                 _truncated(url, dpos + len(data), f"inside member {name!r}")
             yield TarEntry(name, data, start, dpos)
+        upto = min(pos, len(buf)) & ~(mmap.PAGESIZE - 1)
+        if release is not None and upto > released:
+            release(mmap.MADV_DONTNEED, released, upto - released)
+            released = upto
         if end:
             return
         if len(buf) - pos < need:  # the file ends before the next member does
