@@ -100,7 +100,16 @@ def main() -> None:
     print("\nCumulative time of the stages (inclusive of everything they call):\n")
     print("| share of wall | cum s | function |")
     print("|---|---|---|")
-    wanted = ("iter_tar", "members", "_entries", "__iter__", "_check_sums", "_fn", "loads")
+    wanted = (
+        "iter_tar",
+        "_iter_mapped",
+        "_scan",
+        "members",
+        "_entries",
+        "__iter__",
+        "_check_sums",
+        "_json",
+    )
     cum = [
         (v[3], key)
         for key, v in stats.items()

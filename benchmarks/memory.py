@@ -87,15 +87,19 @@ def main() -> None:
             bound = bound_mb(m, workers)
             mode = f"{workers} workers" if workers else "in-process"
             verdict = "OK" if abs(growth) <= 0.05 and held <= bound * 1.05 + _SLACK_MB else "MISS"
+            later = sorted(r["seconds"][1:] or r["seconds"])
+            rate = r["samples"] / later[len(later) // 2]
             rows.append(
                 f"| {name} | {mode} | {total[0]:,.0f} | {total[-1]:,.0f} | {growth:+.1%} | "
-                f"{min(total):,.0f}-{max(total):,.0f} | {held:,.0f} | {bound:,.0f} | {verdict} |"
+                f"{min(total):,.0f}-{max(total):,.0f} | {held:,.0f} | {bound:,.0f} | {verdict} "
+                f"| {rate:,.0f} |"
             )
             results.append({"preset": name, "workers": workers, "bound_mb": bound, **r})
     print(
         f"\nRSS after each of {args.epochs} epochs, main process + workers (MB):\n\n"
         "| preset | mode | epoch 1 | last epoch | growth | range | held (peak - imports) "
-        "| bound (shuffle + in flight) | |\n|---|---|---|---|---|---|---|---|---|"
+        "| bound (shuffle + in flight) | | samples/s, epochs 2+ (median) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|"
     )
     print("\n".join(rows))
     if args.json:

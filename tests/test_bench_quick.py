@@ -53,3 +53,42 @@ def test_quick_run_prints_a_table_with_positive_figures(tmp_path):
         assert samples_per_s > 0 and mb_per_s > 0, (key, proc.stdout)
     assert "shardpipes/limit (cat MB/s, in-process)" in proc.stdout
     assert (tmp_path / "out.json").exists()
+
+
+def test_memory_script_reports_rss_per_epoch(tmp_path):
+    # Shape only: every epoch's RSS is recorded, for the main process and (with workers) the
+    # workers, and a verdict is printed for each mode.
+    script = os.path.join(REPO, "benchmarks", "memory.py")
+    out = tmp_path / "mem.json"
+    cmd = [sys.executable, script, "--presets", "quick", "--epochs", "3", "--workers", "2"]
+    cmd += ["--cache-dir", os.fspath(tmp_path / "data"), "--json", os.fspath(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    import json
+
+    runs = {r["workers"]: r for r in json.loads(out.read_text())}
+    assert set(runs) == {0, 2}
+    for workers, r in runs.items():
+        assert len(r["rss_epochs_mb"]) == 3 and min(r["rss_epochs_mb"]) > 0
+        children = r["rss_children_epochs_mb"]
+        assert (min(children) > 0) if workers else children == [0, 0, 0]
+        assert r["bound_mb"] > 0
+    assert re.search(r"^\| quick \| in-process \|", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^\| quick \| 2 workers \|", proc.stdout, re.M), proc.stdout
+
+
+def test_copy_floor_script_prints_every_reader(tmp_path):
+    script = os.path.join(REPO, "benchmarks", "copy_floor.py")
+    cmd = [sys.executable, script, "--preset", "quick", "--trials", "1", "--keep", "30"]
+    cmd += ["--cache-dir", os.fspath(tmp_path / "data")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rates = dict(re.findall(r"^\| ([^|]+?) \| ([\d.]+) \|", proc.stdout, re.M))
+    assert set(rates) == {
+        "readinto (cat)",
+        "pread, freed",
+        "pread, 30 kept",
+        "load_from_tar",
+        "pipeline",
+    }, proc.stdout
+    assert all(float(v) > 0 for v in rates.values()), proc.stdout

@@ -1,10 +1,16 @@
-"""A streaming tar parser that reads large buffers and parses headers itself.
+"""A tar parser that parses headers itself, from a memory-mapped file or large buffered reads.
 
 Python's ``tarfile`` spends most of its time per member building ``TarInfo`` objects and
-summing header checksums byte by byte (about 55% of webdataset's time on small samples). This
-parser reads the stream in large chunks, finds every complete member in the chunk with a few
-slices per header, and verifies the checksums of all headers of the chunk in one numpy
-operation over a ``(blocks, 512)`` view. Memory is one chunk plus the largest member.
+summing header checksums byte by byte (about 55% of webdataset's time on small samples). Here
+one scanner (:func:`_scan`) finds every complete member in a buffer with a few slices per
+header, and verifies the checksums of all of those headers in one numpy operation over a
+``(blocks, 512)`` view. The buffer is either
+
+- the ``mmap`` of a whole local file: members are copied straight out of the page cache
+  (members of 64 KiB and more with ``pread``), so each byte is copied once, and no read
+  buffer is allocated, filled and sliced again; or
+- chunks read from any other stream (remote objects, byte ranges, wrappers), holding one
+  chunk plus the largest member.
 
 Supported: POSIX ustar (with the 155-byte prefix), GNU long names (``L``), pax extended headers
 (``x``: ``path`` and ``size``), base-256 sizes. Directories, links and other entry types are

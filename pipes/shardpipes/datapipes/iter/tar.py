@@ -37,8 +37,10 @@ class TarMember(io.BytesIO):
 class TarArchiveLoaderIterDataPipe(StageIterDataPipe[tuple[str, TarMember]]):
     """Stream the regular files of tar archives as ``(path, stream)`` pairs (functional name: ``load_from_tar``).
 
-    Reads each archive sequentially in large chunks; nothing is extracted to disk and only one
-    chunk plus the current member is held in memory. ``path`` is the shard URL joined with the
+    A local shard is memory-mapped and each member copied straight out of the page cache;
+    any other stream (S3, GCS, HTTP, a byte range, a compressed file) is read sequentially in
+    large chunks. Nothing is extracted to disk and only one chunk (or a few pages of the map)
+    plus the current member is held in memory. ``path`` is the shard URL joined with the
     member name, as in torchdata 0.9; the stream also carries ``url``, ``name`` and byte
     offsets. The source stream is closed when its archive ends, on error, or when iteration stops.
 
@@ -46,7 +48,8 @@ class TarArchiveLoaderIterDataPipe(StageIterDataPipe[tuple[str, TarMember]]):
         source_datapipe: ``(url, stream)`` pairs, as ``open_files_by_fsspec`` yields.
         mode: Kept for torchdata 0.9 compatibility; only streaming reads (``"r:*"``,
             ``"r|*"``, ``"r|"``) are supported. Default: ``"r:*"``.
-        chunk_size: Bytes read at a time. Default: ``1 MiB``.
+        chunk_size: Bytes read at a time from a stream; a mapped shard's headers are
+            verified four chunks ahead. Default: ``1 MiB``.
         handler: What to do with a corrupt or truncated archive, or a read error mid-shard
             (:class:`~shardpipes.errors.ShardReadError`): ``"raise"`` (default),
             ``"warn_and_skip"``/``"skip"`` (drop the rest of that shard and count it),
