@@ -71,10 +71,6 @@ _NO_PAX: dict[str, str] = {}  # shared, never modified: _parse_pax returns a new
 _entry: Callable[[type[TarEntry], tuple[str, bytes, int, int]], TarEntry] = tuple.__new__
 
 
-def _padded(size: int) -> int:
-    return (size + BLOCK - 1) & ~(BLOCK - 1)
-
-
 def _parse_size(field: bytes, url: str, offset: int) -> int:
     if field[0] & 0x80:  # base-256 (GNU) for sizes >= 8 GiB; 0xff starts a negative number
         size = int.from_bytes(field[1:], "big") if field[0] == 0x80 else -1
@@ -238,7 +234,7 @@ def _scan(
             pax = _parse_pax(buf[pos + BLOCK : data_end], url, base + pos)
         else:  # directory, link, fifo, global pax header...: nothing to yield
             long_name, pax, member_start = None, _NO_PAX, None
-        pos += BLOCK + ((size + BLOCK - 1) & ~(BLOCK - 1))  # _padded(size), inlined
+        pos += BLOCK + ((size + BLOCK - 1) & ~(BLOCK - 1))  # the data, padded to a block
     if headers:
         _check_sums(buf, headers, base, url)
     carry[:] = long_name, pax, member_start
@@ -328,8 +324,8 @@ def _map(stream: IO[bytes]) -> mmap.mmap | None:
     shards are written once and then only read, as everywhere else in this package.
     """
     raw = getattr(stream, "f", stream)  # fsspec's LocalFileOpener keeps the file object in .f
-    if type(raw) not in (io.BufferedReader, io.FileIO):
-        return None
+    if type(raw) not in (io.BufferedReader, io.FileIO) or not hasattr(os, "pread"):
+        return None  # (no pread: Windows reads every file as a stream)
     try:
         if raw.tell() != 0:
             return None
@@ -371,7 +367,7 @@ def _iter_mapped(buf: mmap.mmap, fd: int, url: str, chunk_size: int) -> Iterator
             data = pread(fd, size, dpos)
             if len(data) != size:  # the file was truncated since it was mapped
                 _truncated(url, dpos + len(data), f"inside member {name!r}")
-            yield TarEntry(name, data, start, dpos)
+            yield _entry(TarEntry, (name, data, start, dpos))
         upto = min(pos, len(buf)) & ~(mmap.PAGESIZE - 1)
         if release is not None and upto > released:
             release(mmap.MADV_DONTNEED, released, upto - released)
