@@ -349,3 +349,24 @@ def test_json_fast_path_agrees_with_json_loads(data):
     except Exception as exc:
         got = ("error", type(exc), str(exc))
     assert got == expected
+
+
+def test_writer_puts_a_local_shard_in_place_by_renaming_it(tmp_path):
+    from shardpipes.datapipes.iter._tarparse import iter_tar
+
+    pattern = os.fspath(tmp_path / "s-%03d.tar")
+    final = tmp_path / "s-000.tar"
+    with ShardWriter(pattern) as w:
+        w.write({"__key__": "a", ".cls": 1})
+        # Half a shard is never visible under its own name.
+        assert (tmp_path / "s-000.tar.partial").exists() and not final.exists()
+    first_inode = final.stat().st_ino
+    with open(final, "rb") as reader:  # a job that opened the shard before it was rewritten
+        with ShardWriter(pattern) as w:
+            w.write({"__key__": "b", ".cls": 2})
+        # The rewrite is a new file: the reader still sees the old one, whole (it is mapped).
+        assert [(e.name, e.data) for e in iter_tar(reader, os.fspath(final))] == [("a.cls", b"1")]
+    assert final.stat().st_ino != first_inode
+    assert not list(tmp_path.glob("*.partial"))
+    with open(final, "rb") as f:
+        assert [e.data for e in iter_tar(f, os.fspath(final))] == [b"2"]

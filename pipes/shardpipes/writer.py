@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
 __all__ = ["ShardWriter", "encode_value"]
 
@@ -46,6 +47,12 @@ def encode_value(ext: str, value: Any) -> bytes:
 
 class ShardWriter:
     """Write samples to numbered shards, starting a new shard at ``maxcount`` samples or ``maxsize`` bytes.
+
+    A local shard is written under a temporary name beside it (``<name>.partial``) and renamed
+    into place when it is complete: a reader listing the folder never sees half a shard, and a
+    job that is reading (and has memory-mapped) an older shard of the same name keeps reading
+    the old file instead of failing with ``SIGBUS`` as it would if the file were rewritten in
+    place.
 
     Args:
         pattern: Shard URL with a ``%d``-style placeholder, e.g. ``"out/train-%06d.tar"``.
@@ -92,6 +99,7 @@ class ShardWriter:
         self._file: Any = None
         self._tar: tarfile.TarFile | None = None
         self._size = 0
+        self._rename: tuple[str, str] | None = None  # (partial, final) of a local shard
 
     def _next_shard(self) -> None:
         self._close_shard()
@@ -100,6 +108,9 @@ class ShardWriter:
         parent = os.path.dirname(path)
         if parent:
             fs.makedirs(parent, exist_ok=True)
+        if isinstance(fs, LocalFileSystem):
+            self._rename = (f"{path}.partial", path)
+            path = self._rename[0]
         self._file = fs.open(path, "wb")  # closed in _close_shard
         # Open across write() calls, closed in _close_shard: no with-block can span them.
         self._tar = tarfile.open(fileobj=self._file, mode="w|", format=tarfile.PAX_FORMAT)  # noqa: SIM115
@@ -148,6 +159,9 @@ class ShardWriter:
             self._file.close()
             self._tar = None
             self._file = None
+            if self._rename is not None:
+                os.replace(*self._rename)  # atomic within a folder: a new file, not a rewrite
+                self._rename = None
 
     def close(self) -> None:
         """Finish the current shard."""
