@@ -103,7 +103,7 @@ def main() -> None:
     wanted = (
         "iter_tar",
         "_iter_mapped",
-        "_scan",
+        "scan",
         "members",
         "_entries",
         "__iter__",
