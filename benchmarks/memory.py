@@ -23,28 +23,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import _data  # noqa: E402
+import bench  # noqa: E402
 
 
 def run(manifest: str, workers: int, epochs: int) -> dict:
-    cmd = [
-        sys.executable,
-        os.path.join(HERE, "_runner.py"),
-        "--peer=shardpipes",
-        f"--workers={workers}",
-        f"--manifest={manifest}",
-        f"--epochs={epochs}",
-    ]
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
-    line = next(x for x in reversed(out.stdout.splitlines()) if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT ") :])
+    """One trial through bench.py's own runner call (same command line and environment)."""
+    opts = argparse.Namespace(shuffle=1000, batch=64, epochs=epochs, timeout=1800)
+    r = bench.run_trial(sys.executable, "shardpipes", workers, manifest, opts)
+    if "error" in r:
+        raise RuntimeError(
+            f"shardpipes with {workers} workers: {r['error']}\n{r.get('stderr', '')}"
+        )
+    return r
 
 
 # What the bound does not count: the interpreter's own objects for the samples in the buffers
