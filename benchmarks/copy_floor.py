@@ -87,7 +87,7 @@ def main() -> None:
     args = ap.parse_args()
     m = _data.ensure_dataset(_data.PRESETS[args.preset], args.cache_dir, print)
     paths = m["paths"]
-    from shardpipes.datapipes.iter._tarparse import iter_tar
+    from shardpipes.formats.tarparse import iter_tar
 
     spans = []
     for p in paths:

@@ -15,8 +15,8 @@ import atheris
 
 with atheris.instrument_imports():
     from shardpipes.datapipes.iter import IterableWrapper
-    from shardpipes.datapipes.iter._tarparse import iter_tar
     from shardpipes.errors import ShardpipesError
+    from shardpipes.formats.tarparse import iter_tar
 
 
 def one_input(data: bytes) -> None:

@@ -352,7 +352,7 @@ def test_json_fast_path_agrees_with_json_loads(data):
 
 
 def test_writer_puts_a_local_shard_in_place_by_renaming_it(tmp_path):
-    from shardpipes.datapipes.iter._tarparse import iter_tar
+    from shardpipes.formats.tarparse import iter_tar
 
     pattern = os.fspath(tmp_path / "s-%03d.tar")
     final = tmp_path / "s-000.tar"

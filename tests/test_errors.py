@@ -8,7 +8,6 @@ import pytest
 
 from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService
 from shardpipes.datapipes.iter import IterableWrapper
-from shardpipes.datapipes.iter._retry import MissingShardError, RetriesExhaustedError
 from shardpipes.errors import (
     DecodeError,
     SampleFormatError,
@@ -17,6 +16,7 @@ from shardpipes.errors import (
     WorkerError,
 )
 from shardpipes.index import IndexFormatError
+from shardpipes.storage.retry import MissingShardError, RetriesExhaustedError
 
 CASES = [
     ShardReadError("s3://b/x.tar: boom at byte offset 5", url="s3://b/x.tar", offset=5),

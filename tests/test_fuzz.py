@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardpipes.datapipes.iter import IterableWrapper
-from shardpipes.datapipes.iter._tarparse import iter_tar
 from shardpipes.errors import ShardpipesError
+from shardpipes.formats.tarparse import iter_tar
 
 CORPUS = pathlib.Path(__file__).parent / "fuzz_corpus"
 

@@ -13,8 +13,8 @@ import fsspec
 import pytest
 
 from shardpipes.datapipes.iter import IterableWrapper
-from shardpipes.datapipes.iter._tarparse import iter_tar
 from shardpipes.errors import SampleFormatError, ShardFormatError, ShardReadError
+from shardpipes.formats.tarparse import iter_tar
 from shardpipes.index import (
     FORMAT,
     VERSION,

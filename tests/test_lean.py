@@ -6,12 +6,9 @@ import copy
 
 import pytest
 
+from shardpipes.dataloader2.graph import lean_graph
 from shardpipes.datapipes.iter import IterableWrapper
-from shardpipes.datapipes.iter._lean import (
-    LeanBatcherIterDataPipe,
-    LeanShufflerIterDataPipe,
-    lean_graph,
-)
+from shardpipes.datapipes.iter._lean import LeanBatcherIterDataPipe, LeanShufflerIterDataPipe
 
 
 def double(x):

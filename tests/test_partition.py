@@ -1,4 +1,4 @@
-"""Sample-level partitions: exact coverage, equal lengths, determinism (shardpipes.partition)."""
+"""Sample-level partitions: exact coverage, equal lengths, determinism (shardpipes.plan.partition)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 
 from shardpipes.datapipes.iter import IterableWrapper
-from shardpipes.partition import (
+from shardpipes.plan.partition import (
     SampleRange,
     assign_shards,
     partition_samples,

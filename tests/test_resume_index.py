@@ -189,7 +189,7 @@ def test_indexed_resume_from_s3_continues_batch_for_batch(s3, shards):
 
 @pytest.mark.s3
 def test_sparse_range_reads_exactly_the_chosen_samples(s3, shards):
-    from shardpipes.datapipes.iter._tarparse import iter_tar
+    from shardpipes.formats.tarparse import iter_tar
     from shardpipes.index import index_shard, open_range
 
     name = shards.names[0]
@@ -223,8 +223,8 @@ def test_index_reads_retry_transient_errors_and_fail_permanent_ones(s3, fault_pr
     """Contiguous and sparse index reads are retried whole after 503s and cut connections (the
     same samples come back), and a 403 fails at once naming the URL, never the secret."""
     from servers import DUMMY_SECRET
-    from shardpipes.datapipes.iter._tarparse import iter_tar
     from shardpipes.datapipes.iter.fsspec import ForbiddenShardError
+    from shardpipes.formats.tarparse import iter_tar
     from shardpipes.index import index_shard, open_range
 
     name = shards.names[2]
@@ -256,7 +256,7 @@ def test_index_reads_retry_transient_errors_and_fail_permanent_ones(s3, fault_pr
 
 def test_main_process_stages_do_not_hide_the_resume_shape(indexed):
     """The loader's own graph (pool, main-process prefetch, pin_memory) still seeks."""
-    from shardpipes.datapipes.iter._index_length import resume_shape
+    from shardpipes.dataloader2.graph import resume_shape
 
     rs = MultiProcessingReadingService(num_workers=2, main_prefetch_cnt=2, pin_memory=True)
     with DataLoader2(indexed_graph(indexed).pin_memory(), reading_service=rs) as dl:

@@ -1,6 +1,6 @@
 """The seek-resume planner, checked against a simulation of the loader on sample positions.
 
-The simulation is written independently of ``shardpipes._resume``: each reader takes its
+The simulation is written independently of ``shardpipes.plan.resume``: each reader takes its
 contiguous piece of the epoch (``partition``'s rule), shuffles it with the counter-based buffer
 shuffle, batches it, and each rank takes its workers' batches round-robin. A resume is then
 checked item for item (same topology) or for coverage (elastic).
@@ -14,8 +14,8 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardpipes._resume import Runs, Segment, Shape, reader_plan, worker_batches
-from shardpipes._seeds import buffered_shuffle, derive_seed
+from shardpipes.plan.resume import Runs, Segment, Shape, reader_plan, worker_batches
+from shardpipes.plan.seeds import buffered_shuffle, derive_seed
 
 
 def reader_seed(path):

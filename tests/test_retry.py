@@ -11,7 +11,6 @@ import traceback
 import pytest
 
 from servers import DUMMY_SECRET, read_samples
-from shardpipes.datapipes.iter._retry import classify_error
 from shardpipes.datapipes.iter.fsspec import (
     ForbiddenShardError,
     MissingShardError,
@@ -19,6 +18,7 @@ from shardpipes.datapipes.iter.fsspec import (
     open_url,
 )
 from shardpipes.errors import ShardReadError
+from shardpipes.storage.retry import classify_error
 
 FAST = {"block_size": 8192, "backoff": 0.01}
 

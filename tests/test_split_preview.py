@@ -6,7 +6,7 @@ import pytest
 
 from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService
 from shardpipes.datapipes.iter import IterableWrapper
-from shardpipes.partition import assign_shards, shard_order
+from shardpipes.plan.partition import assign_shards, shard_order
 
 
 def urls(n):

@@ -25,8 +25,8 @@ from _tars import (
     write_tar,
 )
 from shardpipes.datapipes.iter import IterableWrapper, TarArchiveLoader
-from shardpipes.datapipes.iter._tarparse import iter_tar
 from shardpipes.errors import ShardFormatError, ShardReadError, SkippedInputWarning
+from shardpipes.formats.tarparse import iter_tar
 
 FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
 LONG_DIR = "d" * 60 + "/" + "e" * 60  # 121 chars: needs the ustar prefix field

@@ -10,13 +10,13 @@ import pytest
 
 from _tars import ABC, keys, tar_bytes, tar_pipe, write_bytes, write_tar
 from shardpipes.datapipes.iter import IterableWrapper
-from shardpipes.datapipes.iter.webdataset import split_key
 from shardpipes.errors import (
     SampleFormatError,
     ShardFormatError,
     ShardReadError,
     SkippedInputWarning,
 )
+from shardpipes.formats.samples import split_key
 
 
 def wds(urls, **kwargs):

@@ -21,9 +21,9 @@ from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torch.utils.data.graph_settings import apply_sharding
 from torchdata.nodes import BaseNode
 
-from shardpipes.dataloader2.seeding import SeedGenerator, seed_graph
-from shardpipes.datapipes.iter._lean import lean_graph
+from shardpipes.dataloader2.graph import apply_epoch_plan, lean_graph
 from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe, gloo_group
+from shardpipes.plan.epoch import EpochPlan
 
 __all__ = ["DataPipeNode", "World", "as_node"]
 
@@ -52,9 +52,9 @@ class World:
             return cls(rank=dist.get_rank(), world_size=dist.get_world_size())
         return cls()
 
-    def seed_generator(self, seed: int, epoch: int) -> SeedGenerator:
+    def seed_generator(self, seed: int, epoch: int) -> EpochPlan:
         """The generator ``DataLoader2`` would use for this reader (same path: rank, worker)."""
-        gen = SeedGenerator(seed, epoch)
+        gen = EpochPlan(seed, epoch)
         if self.world_size > 1:
             gen = gen.spawn(self.rank)
         if self.num_workers > 1:
@@ -97,7 +97,7 @@ class DataPipeNode(BaseNode[Any]):  # type: ignore[misc]  # torchdata ships no t
             skip = int(initial_state[self.CONSUMED_KEY])
         self._epoch = self._next_epoch
         self._next_epoch += 1
-        seed_graph(self.datapipe, self.world.seed_generator(self.seed, self._epoch))
+        apply_epoch_plan(self.datapipe, self.world.seed_generator(self.seed, self._epoch))
         self._it = iter(self.datapipe)
         self._consumed = 0
         for _ in itertools.islice(self._it, skip):

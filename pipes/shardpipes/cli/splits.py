@@ -1,9 +1,9 @@
 """``shardpipes splits``: which reader reads what in an epoch, and how many samples per rank.
 
 With an index (``--index``, or the sidecar found next to the shards) the split is the exact
-sample-level partition of :func:`shardpipes.partition.partition_samples`. Without one it is
+sample-level partition of :func:`shardpipes.plan.partition.partition_samples`. Without one it is
 shard-level, as ``sharding_filter`` after a seeded shard shuffle splits: shard ``i`` of the
-epoch's order goes to reader ``i % (ranks x workers)`` (:func:`shardpipes.partition.assign_shards`).
+epoch's order goes to reader ``i % (ranks x workers)`` (:func:`shardpipes.plan.partition.assign_shards`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(sub: Any) -> None:
     """Register ``splits``."""
-    from shardpipes.partition import POLICIES
+    from shardpipes.plan.partition import POLICIES
 
     p = sub.add_parser(
         "splits",
@@ -112,7 +112,7 @@ def _topology(args: argparse.Namespace) -> tuple[int, str]:
 
 
 def _sample_level(urls: list[str], counts: list[int], args: argparse.Namespace) -> int:
-    from shardpipes.partition import partition_samples
+    from shardpipes.plan.partition import partition_samples
 
     p = partition_samples(
         counts,
@@ -141,7 +141,7 @@ def _sample_level(urls: list[str], counts: list[int], args: argparse.Namespace) 
 
 
 def _shard_level(urls: list[str], args: argparse.Namespace) -> int:
-    from shardpipes.partition import assign_shards
+    from shardpipes.plan.partition import assign_shards
 
     readers, topo = _topology(args)
     print(

@@ -8,11 +8,15 @@ from shardpipes.dataloader2.reading_service import (
     ReadingServiceInterface,
     SequentialReadingService,
 )
-from shardpipes.dataloader2.seeding import SeedGenerator
+from shardpipes.plan.epoch import EpochPlan
+
+#: The name this value had before it was the plan layer's (kept for code that imports it).
+SeedGenerator = EpochPlan
 
 __all__ = [
     "DataLoader2",
     "DistributedReadingService",
+    "EpochPlan",
     "InProcessReadingService",
     "MultiProcessingReadingService",
     "ReadingServiceInterface",

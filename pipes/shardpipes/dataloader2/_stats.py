@@ -7,9 +7,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from torch.utils.data import IterDataPipe
-from torch.utils.data.graph import traverse_dps
-from torch.utils.data.graph_settings import get_all_graph_pipes
 
+from shardpipes.dataloader2.graph import stages_of
 from shardpipes.handlers import SkipStats
 
 __all__ = ["graph_skips", "merge_skips", "skip_counters", "skips_from_dict", "skips_to_dict"]
@@ -17,7 +16,7 @@ __all__ = ["graph_skips", "merge_skips", "skip_counters", "skips_from_dict", "sk
 
 def skip_counters(datapipe: IterDataPipe[Any]) -> list[SkipStats]:
     """The ``skipped`` counters of the stages of ``datapipe`` (a graph walk: find them once)."""
-    found = (getattr(dp, "skipped", None) for dp in get_all_graph_pipes(traverse_dps(datapipe)))
+    found = (getattr(dp, "skipped", None) for dp in stages_of(datapipe))
     return [stats for stats in found if isinstance(stats, SkipStats)]
 
 

@@ -22,13 +22,13 @@ from torch.utils.data import IterableDataset, IterDataPipe, get_worker_info
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torch.utils.data.graph_settings import apply_sharding
 
-from shardpipes._resume import Segment
 from shardpipes.dataloader2._shm import Ring
 from shardpipes.dataloader2._stats import merge_skips, skip_counters, skips_to_dict
-from shardpipes.dataloader2.seeding import SeedGenerator, seed_graph
-from shardpipes.datapipes.iter._base import StageIterDataPipe
+from shardpipes.dataloader2.graph import apply_epoch_plan
+from shardpipes.plan.epoch import EpochPlan
+from shardpipes.plan.resume import Segment
 
-__all__ = ["EpochSlot", "WorkerDataset", "WorkerPoolIterDataPipe"]
+__all__ = ["EpochSlot", "WorkerDataset"]
 
 # Slots of the shared epoch tensor: seed, epoch, the spawn path's length, the path (rank, ...),
 # then the number of stretches of a resumed epoch and the stretches (4 numbers each).
@@ -43,7 +43,7 @@ class EpochSlot:
         self.tensor = torch.zeros(4 + _MAX_PATH + 4 * _MAX_SEGMENTS, dtype=torch.int64)
         self.tensor.share_memory_()  # type: ignore[no-untyped-call]
 
-    def write(self, gen: SeedGenerator) -> None:
+    def write(self, gen: EpochPlan) -> None:
         """Publish ``gen`` (called in the main process before each epoch)."""
         if len(gen.path) > _MAX_PATH:
             raise ValueError(f"seed path {gen.path} is deeper than {_MAX_PATH}")
@@ -57,7 +57,7 @@ class EpochSlot:
         values = [gen.seed, gen.epoch, len(gen.path), *path, len(gen.resume), *segments]
         self.tensor[: len(values)] = torch.tensor(values, dtype=torch.int64)
 
-    def read(self) -> SeedGenerator:
+    def read(self) -> EpochPlan:
         """Return the published generator (called in a worker at the start of each epoch)."""
         values = [int(v) for v in self.tensor.tolist()]
         seed, epoch, depth = values[:3]
@@ -65,7 +65,7 @@ class EpochSlot:
         count = values[3 + _MAX_PATH]
         at = 4 + _MAX_PATH
         resume = tuple(Segment.from_list(values[at + 4 * i : at + 4 * i + 4]) for i in range(count))
-        return SeedGenerator(seed, epoch, path, resume)
+        return EpochPlan(seed, epoch, path, resume)
 
 
 def _tune_malloc() -> None:
@@ -128,7 +128,7 @@ class WorkerDataset(IterableDataset[Any]):
             if info is not None:
                 _tune_malloc()
         gen = self.slot.read().spawn(worker)
-        seed_graph(self.datapipe, gen)
+        apply_epoch_plan(self.datapipe, gen)
         if info is None or not self.shm_slots:
             return iter(self.datapipe)
         if self._ring is None:
@@ -144,19 +144,3 @@ class WorkerDataset(IterableDataset[Any]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Nothing to restore: the loader resumes by replay, not from worker snapshots."""
-
-
-class WorkerPoolIterDataPipe(StageIterDataPipe[Any]):
-    """Yields what the worker processes of a ``MultiProcessingReadingService`` produce.
-
-    Not a user-facing stage: ``MultiProcessingReadingService.initialize`` puts it in the graph
-    in place of the part that runs in workers.
-    """
-
-    def __init__(self, source_datapipe: IterDataPipe[Any], service: Any) -> None:
-        self.source_datapipe = source_datapipe
-        self.service = service
-
-    def __iter__(self) -> Iterator[Any]:
-        pool: Iterator[Any] = self.service._iterate_pool()
-        return pool

@@ -12,7 +12,7 @@ from typing import Any, Generic, TypeVar
 import torch.distributed as dist
 from torch.utils.data import IterDataPipe
 
-from shardpipes._resume import Segment
+from shardpipes.dataloader2.graph import carries_across_epochs, lean_graph, resume_shape
 from shardpipes.dataloader2.reading_service import (
     DistributedReadingService,
     InProcessReadingService,
@@ -20,12 +20,11 @@ from shardpipes.dataloader2.reading_service import (
     ReadingServiceInterface,
     SequentialReadingService,
 )
-from shardpipes.dataloader2.seeding import SeedGenerator
-from shardpipes.datapipes.iter._index_length import resume_shape
-from shardpipes.datapipes.iter._lean import lean_graph
 from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe
 from shardpipes.errors import ShardingWarning
 from shardpipes.handlers import SkipStats
+from shardpipes.plan.epoch import EpochPlan
+from shardpipes.plan.resume import Segment
 
 __all__ = ["DataLoader2"]
 
@@ -46,18 +45,6 @@ def _services(rs: ReadingServiceInterface) -> list[ReadingServiceInterface]:
 
 def _uses(rs: ReadingServiceInterface, kind: type) -> bool:
     return any(isinstance(s, kind) for s in _services(rs))
-
-
-def _carries_across_epochs(datapipe: IterDataPipe[Any]) -> bool:
-    from torch.utils.data.graph import traverse_dps
-    from torch.utils.data.graph_settings import get_all_graph_pipes
-
-    from shardpipes.datapipes.iter.length import FixedLengthIterDataPipe
-
-    return any(
-        isinstance(dp, FixedLengthIterDataPipe)
-        for dp in get_all_graph_pipes(traverse_dps(datapipe))
-    )
 
 
 def _topology(rs: ReadingServiceInterface) -> tuple[int, int, bool]:
@@ -123,10 +110,10 @@ class DataLoader2(Generic[T]):
         self._active: Generator[T, None, None] | None = None
         self._closed = False
         # Progress of the current epoch, for state_dict(): which epoch, how many items yielded.
-        self._current: SeedGenerator | None = None
+        self._current: EpochPlan | None = None
         self._consumed = 0
         self._skip = 0  # items to replay silently at the start of the next epoch (after a restore)
-        # Or, with an index: the stretches of the epoch to resume by seeking (shardpipes._resume).
+        # Or, with an index: the stretches of the epoch to resume by seeking (shardpipes.plan.resume).
         self._resume: tuple[Segment, ...] = ()
         self._skipped_at_start = 0
         if (
@@ -157,7 +144,7 @@ class DataLoader2(Generic[T]):
             self._active = None
         if self._graph is None:
             self._graph = self.reading_service.initialize(lean_graph(copy.deepcopy(self.datapipe)))
-        generator = SeedGenerator(self._seed, self._epoch, resume=self._resume)
+        generator = EpochPlan(self._seed, self._epoch, resume=self._resume)
         self._epoch += 1
         skip, self._skip, self._resume = self._skip, 0, ()
         # Set now, not when the generator starts: a state taken after iter() but before the
@@ -168,7 +155,7 @@ class DataLoader2(Generic[T]):
         return self._active
 
     def _run(
-        self, graph: IterDataPipe[T], generator: SeedGenerator, skip: int
+        self, graph: IterDataPipe[T], generator: EpochPlan, skip: int
     ) -> Generator[T, None, None]:
         self._skipped_at_start = _skipped(self.reading_service)
         self.reading_service.initialize_iteration(generator)
@@ -286,7 +273,7 @@ class DataLoader2(Generic[T]):
             int(state["consumed"]),
         )
         earlier = tuple(Segment.from_list(seg) for seg in state.get("segments", ()))
-        if int(state["epoch"]) > 0 and _carries_across_epochs(self.datapipe):
+        if int(state["epoch"]) > 0 and carries_across_epochs(self.datapipe):
             raise ValueError(
                 "this graph has fixed_length(), whose position carries over from one epoch to the "
                 "next; exact resume after the first epoch is not supported for it yet"

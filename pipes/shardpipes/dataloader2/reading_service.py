@@ -25,12 +25,13 @@ import torch.distributed as dist
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torch.utils.data.graph import traverse_dps
-from torch.utils.data.graph_settings import apply_sharding, get_all_graph_pipes
+from torch.utils.data.graph_settings import apply_sharding
 
+from shardpipes.dataloader2._pool import WorkerPoolIterDataPipe
 from shardpipes.dataloader2._shm import Attachments
 from shardpipes.dataloader2._stats import graph_skips, merge_skips, skips_from_dict
-from shardpipes.dataloader2._worker import EpochSlot, WorkerDataset, WorkerPoolIterDataPipe
-from shardpipes.dataloader2.seeding import SeedGenerator, has_sharding, seed_graph
+from shardpipes.dataloader2._worker import EpochSlot, WorkerDataset
+from shardpipes.dataloader2.graph import apply_epoch_plan, has_sharding, stages_of
 from shardpipes.datapipes.iter._index_length import exact_length_plan
 from shardpipes.datapipes.iter.prefetch import PinMemoryIterDataPipe, PrefetcherIterDataPipe
 from shardpipes.datapipes.iter.sync import (
@@ -41,6 +42,7 @@ from shardpipes.datapipes.iter.sync import (
 )
 from shardpipes.errors import ShardingWarning, WorkerError
 from shardpipes.handlers import SkipStats
+from shardpipes.plan.epoch import EpochPlan
 
 __all__ = [
     "DistributedReadingService",
@@ -64,7 +66,7 @@ class ReadingServiceInterface(ABC):
     def initialize(self, datapipe: IterDataPipe[Any]) -> IterDataPipe[Any]:
         """Prepare the graph once; return the graph ``DataLoader2`` iterates."""
 
-    def initialize_iteration(self, seed_generator: SeedGenerator) -> SeedGenerator:
+    def initialize_iteration(self, seed_generator: EpochPlan) -> EpochPlan:
         """Prepare one epoch; return the seed generator for the next service."""
         return seed_generator
 
@@ -97,9 +99,9 @@ class InProcessReadingService(ReadingServiceInterface):
         self._datapipe = datapipe
         return datapipe
 
-    def initialize_iteration(self, seed_generator: SeedGenerator) -> SeedGenerator:
+    def initialize_iteration(self, seed_generator: EpochPlan) -> EpochPlan:
         """Seed the graph for this epoch."""
-        seed_graph(self._datapipe, seed_generator)
+        apply_epoch_plan(self._datapipe, seed_generator)
         return seed_generator
 
     def skipped(self) -> SkipStats:
@@ -192,7 +194,7 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         self._core: IterDataPipe[Any] | None = None
         self._slot: EpochSlot | None = None
         self._loader: Any = None
-        self._generator: SeedGenerator | None = None
+        self._generator: EpochPlan | None = None
         self._attached = Attachments()  # shared-memory blocks of the workers' large values
 
     def initialize(self, datapipe: IterDataPipe[Any]) -> IterDataPipe[Any]:
@@ -208,13 +210,13 @@ class MultiProcessingReadingService(ReadingServiceInterface):
             pool = PrefetcherIterDataPipe(pool, self.main_prefetch_cnt)
         return _reattach(tail, pool)
 
-    def initialize_iteration(self, seed_generator: SeedGenerator) -> SeedGenerator:
+    def initialize_iteration(self, seed_generator: EpochPlan) -> EpochPlan:
         """Publish this epoch's seeds to the workers (or seed the in-process graph)."""
         self._generator = seed_generator
         if self.num_workers == 0:
             if self._core is None:
                 raise RuntimeError("initialize() was not called")
-            seed_graph(self._core, seed_generator)
+            apply_epoch_plan(self._core, seed_generator)
         elif self._slot is not None:
             self._slot.write(seed_generator)
         return seed_generator
@@ -376,9 +378,7 @@ class DistributedReadingService(ReadingServiceInterface):
                 datapipe, self.timeout, policy=self.policy, sync_every=self.sync_every
             )
         inner = [
-            dp
-            for dp in get_all_graph_pipes(traverse_dps(datapipe.source_datapipe))
-            if isinstance(dp, FullSyncIterDataPipe)
+            dp for dp in stages_of(datapipe.source_datapipe) if isinstance(dp, FullSyncIterDataPipe)
         ]
         if inner:
             raise ValueError(
@@ -389,7 +389,7 @@ class DistributedReadingService(ReadingServiceInterface):
         self._datapipe = datapipe
         return datapipe
 
-    def initialize_iteration(self, seed_generator: SeedGenerator) -> SeedGenerator:
+    def initialize_iteration(self, seed_generator: EpochPlan) -> EpochPlan:
         """Check that all ranks agree on seed and epoch; seed the graph for this rank."""
         values = [seed_generator.seed & (2**62 - 1), seed_generator.epoch]
         t = torch.tensor([v for x in values for v in (x, -x)], dtype=torch.int64)
@@ -405,7 +405,7 @@ class DistributedReadingService(ReadingServiceInterface):
             )
         rank_generator = seed_generator.spawn(self._rank)
         if self._datapipe is not None:
-            seed_graph(self._datapipe, rank_generator)
+            apply_epoch_plan(self._datapipe, rank_generator)
         return rank_generator
 
     def finalize(self) -> None:
@@ -437,7 +437,7 @@ class SequentialReadingService(ReadingServiceInterface):
             datapipe = rs.initialize(datapipe)
         return datapipe
 
-    def initialize_iteration(self, seed_generator: SeedGenerator) -> SeedGenerator:
+    def initialize_iteration(self, seed_generator: EpochPlan) -> EpochPlan:
         """Pass the seed generator through each service in order."""
         for rs in self.reading_services:
             seed_generator = rs.initialize_iteration(seed_generator)

@@ -33,7 +33,6 @@ from shardpipes.datapipes.iter.fsspec import FSSpecFileListerIterDataPipe as FSS
 from shardpipes.datapipes.iter.fsspec import FSSpecFileOpenerIterDataPipe as FSSpecFileOpener
 from shardpipes.datapipes.iter.fsspec import FSSpecSaverIterDataPipe as FSSpecSaver
 from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe as IndexSharder
-from shardpipes.datapipes.iter.index_sharding import ShardRange
 from shardpipes.datapipes.iter.length import CyclerIterDataPipe as Cycler
 from shardpipes.datapipes.iter.length import FixedLengthIterDataPipe as FixedLength
 from shardpipes.datapipes.iter.length import HeaderIterDataPipe as Header
@@ -45,6 +44,7 @@ from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe as FullSync
 from shardpipes.datapipes.iter.tar import TarArchiveLoaderIterDataPipe as TarArchiveLoader
 from shardpipes.datapipes.iter.threadpool import ThreadPoolMapperIterDataPipe as ThreadPoolMapper
 from shardpipes.datapipes.iter.webdataset import WebDatasetIterDataPipe as WebDataset
+from shardpipes.storage.ranges import ShardRange
 
 __all__ = [
     "Batcher",

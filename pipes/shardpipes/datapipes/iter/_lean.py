@@ -7,9 +7,9 @@ that costs more than parsing the tar they came from: measured on the development
 webdataset + decode together.
 
 ``DataLoader2`` and ``as_node`` deep-copy the user's graph before running it; in that copy
-:func:`lean_graph` replaces those four stages with the classes here, which do the same without
+:func:`shardpipes.dataloader2.graph.lean_graph` replaces those four stages with the classes here, which do the same without
 the hook. The shuffle is torch's buffer algorithm with counter-based draws
-(:func:`shardpipes._seeds.buffered_shuffle`): the same seed gives the same order every time,
+(:func:`shardpipes.plan.seeds.buffered_shuffle`): the same seed gives the same order every time,
 though not torch's order, and its state at any point can be recomputed, which is how the loader
 resumes by seeking. The user's graph, and torch itself, are left alone. Stages used with
 column arguments (``map(fn, input_col=...)``) are kept as they are.
@@ -22,19 +22,17 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from torch.utils.data import IterDataPipe
-from torch.utils.data.datapipes.iter import Batcher, Filter, Mapper, Shuffler
-from torch.utils.data.graph import traverse_dps
-from torch.utils.data.graph_settings import get_all_graph_pipes
 
-from shardpipes._seeds import buffered_shuffle
 from shardpipes.datapipes.iter._base import StageIterDataPipe
+from shardpipes.plan.epoch import Resume
+from shardpipes.plan.readers import batches
+from shardpipes.plan.seeds import buffered_shuffle
 
 __all__ = [
     "LeanBatcherIterDataPipe",
     "LeanFilterIterDataPipe",
     "LeanMapperIterDataPipe",
     "LeanShufflerIterDataPipe",
-    "lean_graph",
 ]
 
 T = TypeVar("T")
@@ -51,9 +49,9 @@ class LeanShufflerIterDataPipe(StageIterDataPipe[T]):
         self._enabled = enabled
         self._seed = seed
         self._rng = random.Random(0)
-        # Set by a resuming sharding_by_index before the first draw of an epoch: the seed and
-        # first draw that continue the interrupted shuffle (see shardpipes._resume).
-        self.resume_at: tuple[int, int, list[int]] | None = None
+        # Handed by the loader for an epoch that resumes a saved state (set_resume); read at
+        # the first draw, after sharding_by_index has planned this reader.
+        self._resume: Resume | None = None
 
     def set_shuffle(self, shuffle: bool = True) -> LeanShufflerIterDataPipe[T]:
         """Turn shuffling on or off."""
@@ -63,6 +61,11 @@ class LeanShufflerIterDataPipe(StageIterDataPipe[T]):
     def set_seed(self, seed: int) -> LeanShufflerIterDataPipe[T]:
         """Seed the next iteration."""
         self._seed = seed
+        return self
+
+    def set_resume(self, resume: Resume | None) -> LeanShufflerIterDataPipe[T]:
+        """Continue the interrupted shuffle of a resumed epoch in the next iteration (loader hook)."""
+        self._resume = resume
         return self
 
     def __iter__(self) -> Iterator[T]:
@@ -77,8 +80,10 @@ class LeanShufflerIterDataPipe(StageIterDataPipe[T]):
         rng.seed(seed)
         self._seed = None
 
+        resume, self._resume = self._resume, None
+
         def draws() -> tuple[int, int, list[int]]:
-            at, self.resume_at = self.resume_at, None
+            at = resume.shuffle_start() if resume is not None else None
             return at if at is not None else (seed, 0, [])
 
         yield from buffered_shuffle(self.datapipe, draws, self.buffer_size)
@@ -110,8 +115,7 @@ class LeanBatcherIterDataPipe(StageIterDataPipe[Any]):
             yield wrap(batch)
 
     def __len__(self) -> int:
-        n = len(self.datapipe)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        return batches(len(self.datapipe), self.batch_size, self.drop_last)
 
 
 class LeanMapperIterDataPipe(StageIterDataPipe[Any]):
@@ -147,43 +151,3 @@ class LeanFilterIterDataPipe(StageIterDataPipe[T]):
                 )
             if keep:
                 yield x
-
-
-def _lean(dp: Any) -> Any:
-    """The lean replacement of ``dp``, or ``None`` when it has none (or uses columns)."""
-    kind = type(dp)
-    if kind is Shuffler:
-        return LeanShufflerIterDataPipe(dp.datapipe, dp.buffer_size, dp._enabled, dp._seed)
-    if kind is Batcher:
-        return LeanBatcherIterDataPipe(dp.datapipe, dp.batch_size, dp.drop_last, dp.wrapper_class)
-    if kind is Mapper and dp.input_col is None and dp.output_col is None:
-        return LeanMapperIterDataPipe(dp.datapipe, dp.fn)
-    if kind is Filter and dp.input_col is None:
-        return LeanFilterIterDataPipe(dp.datapipe, dp.filter_fn)
-    return None
-
-
-def _swap(value: Any, new: dict[int, Any]) -> Any:
-    if isinstance(value, IterDataPipe):
-        return new.get(id(value), value)
-    if isinstance(value, list | tuple) and any(id(v) in new for v in value):
-        return type(value)(new.get(id(v), v) for v in value)
-    return value
-
-
-def lean_graph(datapipe: IterDataPipe[Any]) -> IterDataPipe[Any]:
-    """Replace torch's ``shuffle``/``batch``/``map``/``filter`` stages of ``datapipe`` in place; return the root.
-
-    Only for a graph the caller owns (a deep copy): the stages are rewired, not copied.
-    """
-    nodes = get_all_graph_pipes(traverse_dps(datapipe))
-    new = {id(dp): lean for dp in nodes if (lean := _lean(dp)) is not None}
-    if not new:
-        return datapipe
-    for dp in [*nodes, *new.values()]:
-        for attr, value in list(vars(dp).items()):
-            swapped = _swap(value, new)
-            if swapped is not value:
-                setattr(dp, attr, swapped)
-    root: IterDataPipe[Any] = new.get(id(datapipe), datapipe)
-    return root

@@ -27,13 +27,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from shardpipes.datapipes.iter._base import StageIterDataPipe, register
-from shardpipes.datapipes.iter._retry import Redactor, RetryPolicy
-from shardpipes.datapipes.iter.fsspec import (
+from shardpipes.storage.open import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_READAHEAD,
-    _check_read_options,
+    check_read_options,
     open_url,
 )
+from shardpipes.storage.retry import Redactor, RetryPolicy
 
 __all__ = ["OnDiskCacheHolderIterDataPipe", "cache_entry_name", "evict"]
 
@@ -99,7 +99,7 @@ class OnDiskCacheHolderIterDataPipe(StageIterDataPipe[str]):
     ) -> None:
         if max_bytes is not None and max_bytes <= 0:
             raise ValueError(f"max_bytes should be a positive integer or None, got {max_bytes!r}")
-        _check_read_options(block_size, DEFAULT_READAHEAD)
+        check_read_options(block_size, DEFAULT_READAHEAD)
         self.source_datapipe = source_datapipe
         self.cache_dir = os.fspath(cache_dir)
         self.max_bytes = max_bytes

@@ -4,20 +4,27 @@ from __future__ import annotations
 
 import errno
 import fnmatch
-import io
-import json
-import os
 import posixpath
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import IO, Any, cast
-from urllib.parse import urlsplit, urlunsplit
 
-from fsspec.core import url_to_fs
 from torch.utils.data import IterDataPipe
 
 from shardpipes.datapipes.iter._base import StageIterDataPipe, register
-from shardpipes.datapipes.iter._remote import open_remote
-from shardpipes.datapipes.iter._retry import (
+from shardpipes.errors import ShardReadError
+from shardpipes.handlers import HandlerLike, SkipStats, resolve_handler
+from shardpipes.storage.open import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_READAHEAD,
+    check_read_options,
+    filesystem,
+    is_local,
+    open_url,
+    read_shard_list,
+    unstrip,
+)
+from shardpipes.storage.ranges import ShardRange, open_range
+from shardpipes.storage.retry import (
     ForbiddenShardError,
     MissingShardError,
     NotAFileError,
@@ -26,10 +33,8 @@ from shardpipes.datapipes.iter._retry import (
     RetryPolicy,
     classify_error,
 )
-from shardpipes.datapipes.iter.index_sharding import ShardRange
-from shardpipes.errors import ShardReadError
-from shardpipes.handlers import HandlerLike, SkipStats, resolve_handler
 
+# The storage functions below are re-exported: user code and the docs import them from here.
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "DEFAULT_READAHEAD",
@@ -47,38 +52,7 @@ __all__ = [
     "read_shard_list",
 ]
 
-# Chosen by measurement over loopback S3 (docs/cloud-storage.md): per-request overhead makes
-# blocks below ~8 MiB slow; two requests in flight keep the consumer fed while one waits.
-DEFAULT_BLOCK_SIZE = 16 << 20
-DEFAULT_READAHEAD = 2
-
 _GLOB_CHARS = frozenset("*?[")
-
-
-def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
-    """Return ``(filesystem, path)`` for ``url``, with a clear error for a missing backend."""
-    try:
-        fs, path = url_to_fs(url, **dict(storage_options or {}))
-    except ImportError as exc:
-        proto = url.split("://", 1)[0] if "://" in url else "file"
-        extra = {
-            "s3": "s3",
-            "s3a": "s3",
-            "gs": "gcs",
-            "gcs": "gcs",
-            "http": "http",
-            "https": "http",
-        }
-        hint = f"pip install 'shardpipes[{extra[proto]}]'" if proto in extra else str(exc)
-        raise ImportError(f"reading {url!r} needs the {proto!r} filesystem: {hint}") from exc
-    return fs, str(path)
-
-
-def _unstrip(fs: Any, path: str, like: str) -> str:
-    """Give ``path`` (as returned by ``fs.ls``/``fs.glob``) the protocol prefix ``like`` had."""
-    if "://" not in like:
-        return path
-    return str(fs.unstrip_protocol(path))
 
 
 @register("list_files_by_fsspec")
@@ -168,7 +142,7 @@ class FSSpecFileListerIterDataPipe(StageIterDataPipe[str]):
             safe = Redactor(url, None).url
             msg = f"{safe}: no such file or directory"
             raise MissingShardError(msg, url=safe, offset=None, err=errno.ENOENT)
-        return sorted(_unstrip(fs, p, url) for p in found if self._matches(p))
+        return sorted(unstrip(fs, p, url) for p in found if self._matches(p))
 
 
 @register("open_files_by_fsspec")
@@ -240,7 +214,7 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
     ) -> None:
         if mode not in ("rb", "r"):
             raise ValueError(f"mode {mode!r} is not supported; must be one of 'rb', 'r'")
-        _check_read_options(block_size, readahead)
+        check_read_options(block_size, readahead)
         self.handler = resolve_handler(handler)
         self.skipped = SkipStats()
         self.source_datapipe = source_datapipe
@@ -256,8 +230,6 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
 
     def _open(self, url: str) -> IO[Any]:
         if isinstance(url, ShardRange):  # a sample range from sharding_by_index: one read
-            from shardpipes.index import open_range  # index.py imports this module
-
             return cast(
                 IO[Any],
                 open_range(
@@ -295,165 +267,6 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
                     return
                 continue
             yield url, stream
-
-
-def _check_read_options(block_size: int, readahead: int) -> None:
-    if not isinstance(block_size, int) or block_size < 4096:
-        raise ValueError(
-            f"block_size should be an integer of at least 4096 bytes, got {block_size!r}"
-        )
-    if not isinstance(readahead, int) or not 0 <= readahead <= 64:
-        raise ValueError(f"readahead should be an integer in [0, 64], got {readahead!r}")
-
-
-def is_local(fs: Any, url: str) -> bool:
-    """Whether ``url`` is read in-process (local disk, memory, or a chained fsspec URL)."""
-    from fsspec.implementations.local import LocalFileSystem
-    from fsspec.implementations.memory import MemoryFileSystem
-
-    return isinstance(fs, (LocalFileSystem, MemoryFileSystem)) or "::" in url
-
-
-def open_url(
-    url: str,
-    mode: str = "rb",
-    storage_options: Mapping[str, Any] | None = None,
-    open_kwargs: Mapping[str, Any] | None = None,
-    *,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    readahead: int = DEFAULT_READAHEAD,
-    retries: int = 5,
-    backoff: float = 0.5,
-    timeout: float | None = 60.0,
-) -> IO[Any]:
-    """Open ``url`` for reading; map failures to :class:`ShardReadError` subclasses naming the URL.
-
-    Local files are opened directly. Remote ones get a resumable read-ahead stream; the
-    options are those of :class:`FSSpecFileOpenerIterDataPipe`.
-
-    Examples:
-        >>> import tempfile, os
-        >>> p = os.path.join(tempfile.mkdtemp(), "a.bin"); _ = open(p, "wb").write(b"hi")
-        >>> with open_url(p) as f:
-        ...     f.read()
-        b'hi'
-    """
-    retry = RetryPolicy(retries=retries, backoff=backoff, timeout=timeout)
-    fs, path = filesystem(url, storage_options)
-    kwargs = dict(open_kwargs or {})
-    if not is_local(fs, url):
-        stream = open_remote(
-            url,
-            fs,
-            path,
-            block_size=block_size,
-            readahead=readahead,
-            retry=retry,
-            storage_options=storage_options,
-            open_kwargs={k: v for k, v in kwargs.items() if k not in _TEXT_KWARGS},
-        )
-        if mode == "rb":
-            return cast(IO[bytes], stream)  # an io.RawIOBase, which typing.IO does not cover
-        text = {k: v for k, v in kwargs.items() if k in _TEXT_KWARGS}
-        return io.TextIOWrapper(io.BufferedReader(stream, 1 << 20), **text)
-    try:
-        return fs.open(path, mode, **kwargs)  # type: ignore[no-any-return]
-    except FileNotFoundError as exc:
-        raise _read_error(url, "no such file", exc, MissingShardError) from exc
-    except PermissionError as exc:
-        raise _read_error(url, "permission denied", exc, ForbiddenShardError) from exc
-    except IsADirectoryError as exc:
-        raise _read_error(url, "is a directory, not a file", exc, NotAFileError) from exc
-
-
-_TEXT_KWARGS = frozenset({"encoding", "errors", "newline"})
-
-
-def _read_error(url: str, what: str, exc: OSError, cls: type[ShardReadError]) -> ShardReadError:
-    return cls(f"{url}: {what}", url=url, offset=0, err=exc.errno or errno.EIO)
-
-
-def read_shard_list(url: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
-    """Return the shard URLs listed by a dataset descriptor, resolved against its location.
-
-    The descriptor is a JSON file as wids writes it: ``{"shardlist": [{"url": "...",
-    "nsamples": N}, ...]}``. A relative ``url`` is relative to the descriptor's own directory
-    (or to its ``"base"`` field, itself relative to that directory); a URL with a scheme, or
-    an absolute path, is kept as it is (an absolute path on the descriptor's server).
-
-    Args:
-        url: Where the descriptor is: a local path or any fsspec URL.
-        storage_options: Passed to the fsspec filesystem.
-
-    Returns:
-        list[str]: The shard URLs, in the descriptor's order.
-
-    Raises:
-        ShardReadError: The descriptor cannot be read.
-        ValueError: It is not JSON, or has no ``shardlist`` of objects with a ``url``; the
-            message names the descriptor and the entry.
-
-    Examples:
-        >>> import json, os, tempfile
-        >>> d = tempfile.mkdtemp()
-        >>> desc = {"shardlist": [{"url": "train-0.tar", "nsamples": 3},
-        ...                       {"url": "s3://other/t-1.tar", "nsamples": 2}]}
-        >>> _ = open(os.path.join(d, "dataset.json"), "w").write(json.dumps(desc))
-        >>> urls = read_shard_list(os.path.join(d, "dataset.json"))
-        >>> urls[0] == os.path.join(d, "train-0.tar"), urls[1]
-        (True, 's3://other/t-1.tar')
-    """
-    with open_url(url, "rb", storage_options, readahead=0) as f:
-        raw = f.read()
-    safe = Redactor(url, storage_options).url
-    try:
-        desc = json.loads(raw)
-    except ValueError as exc:
-        raise ValueError(f"{safe}: not a JSON dataset descriptor ({exc})") from None
-    if not isinstance(desc, dict) or not isinstance(desc.get("shardlist"), list):
-        extra = (
-            " (sub-'datasets' are not supported)"
-            if isinstance(desc, dict) and "datasets" in desc
-            else ""
-        )
-        raise ValueError(f"{safe}: a dataset descriptor needs a 'shardlist' list{extra}")
-    base = _url_dir(url)
-    if isinstance(desc.get("base"), str):
-        base = _url_join(base, desc["base"])
-    urls = []
-    for i, entry in enumerate(desc["shardlist"]):
-        if not isinstance(entry, dict) or not isinstance(entry.get("url"), str) or not entry["url"]:
-            raise ValueError(
-                f"{safe}: shardlist entry {i} is not an object with a 'url' string: {entry!r}"
-            )
-        urls.append(_url_join(base, entry["url"]))
-    return urls
-
-
-def _url_dir(url: str) -> str:
-    """The directory of ``url`` (keeps scheme, host and query, drops the last path part)."""
-    if "://" not in url:
-        return os.path.dirname(url) or "."
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path=posixpath.dirname(parts.path)))
-
-
-def _url_join(base: str, ref: str) -> str:
-    """``ref`` resolved against the directory URL ``base``, as wids' ``urlmerge`` does."""
-    if "://" in ref:
-        return ref
-    if "://" not in base:
-        return ref if os.path.isabs(ref) else os.path.normpath(os.path.join(base, ref))
-    parts = urlsplit(base)
-    ref_parts = urlsplit(ref)
-    path = (
-        ref_parts.path
-        if ref_parts.path.startswith("/")
-        else posixpath.normpath(posixpath.join(parts.path or "/", ref_parts.path))
-    )
-    if parts.netloc and not path.startswith("/"):
-        path = "/" + path
-    return urlunsplit((parts.scheme, parts.netloc, path, ref_parts.query, ref_parts.fragment))
 
 
 @register("save_by_fsspec")

@@ -14,91 +14,24 @@ import bisect
 import itertools
 import logging
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, _ShardingIterDataPipe
 
-from shardpipes._resume import Segment, Shape
-from shardpipes._seeds import reader_stage_seed
 from shardpipes.datapipes.iter._base import register
+from shardpipes.index.document import ShardIndex, default_index_url, find_index
+from shardpipes.plan.epoch import Resume
+from shardpipes.plan.partition import positions_to_ranges
+from shardpipes.plan.readers import POLICIES, per_reader
+from shardpipes.plan.resume import ReaderPlan
+from shardpipes.storage.ranges import ShardRange
 
-__all__ = ["IndexSharderIterDataPipe", "Resume", "ShardRange"]
+__all__ = ["IndexSharderIterDataPipe"]
 
 logger = logging.getLogger(__name__)
 
 # Largest sparse read of a resumed shuffle buffer (bounds the memory of one remote fetch).
 _SPARSE_BYTES = 16 << 20
-
-
-@dataclass
-class Resume:
-    """How a resumed epoch was run so far, handed to the sharder for one epoch by the loader.
-
-    ``segments``: the stretches of the epoch so far (the last is the one being resumed);
-    ``shape``: what the graph does after the sharder; ``shuffler``: the sample shuffle stage
-    to reposition (or ``None``); ``seed``/``epoch``: the loader's, for the readers' shuffle
-    seeds.
-    """
-
-    segments: tuple[Segment, ...]
-    shape: Shape
-    shuffler: Any
-    seed: int
-    epoch: int
-
-    def reader_seed(self, path: tuple[int, ...]) -> int:
-        """The epoch seed of the sample shuffle of the reader at ``path`` (as seed_graph gives it)."""
-        return reader_stage_seed(self.seed, self.epoch, self.shape.shuffle_stage or 0, path)
-
-
-class ShardRange(str):
-    """A shard URL (the string itself) with a range of its samples and their byte span.
-
-    Every stage that takes URLs takes a ``ShardRange``; ``open_files_by_fsspec`` reads only
-    ``[offset, offset + size)`` of the shard, and ``load_from_tar`` parses that span.
-
-    Attributes:
-        start: First sample (index within the shard).
-        stop: One past the last sample.
-        offset: Byte offset of the first sample's first member header.
-        size: Bytes up to the end of the last sample's last member (for a sparse range: the
-            bytes of its spans).
-        spans: For a *sparse* range (some samples of ``[start, stop)``, as a resumed epoch
-            reads what sat in a shuffle buffer): the ``(offset, size)`` byte spans to read, in
-            order; empty for a contiguous range.
-    """
-
-    start: int
-    stop: int
-    offset: int
-    size: int
-    spans: tuple[tuple[int, int], ...]
-
-    def __new__(
-        cls,
-        url: str,
-        start: int,
-        stop: int,
-        offset: int,
-        size: int,
-        spans: tuple[tuple[int, int], ...] = (),
-    ) -> ShardRange:
-        """Make the range ``[start, stop)`` of ``url``, spanning bytes ``[offset, offset + size)``."""
-        obj = super().__new__(cls, url)
-        obj.start, obj.stop, obj.offset, obj.size = start, stop, offset, size
-        obj.spans = tuple(spans)
-        return obj
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (ShardRange, (str(self), self.start, self.stop, self.offset, self.size, self.spans))
-
-    def __repr__(self) -> str:
-        sparse = f", {len(self.spans)} spans" if self.spans else ""
-        return (
-            f"ShardRange({str(self)!r}, samples [{self.start}, {self.stop}), "
-            f"bytes {self.offset}+{self.size}{sparse})"
-        )
 
 
 @register("sharding_by_index")
@@ -147,7 +80,7 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
         policy: Literal["drop", "pad"] = "drop",
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        if policy not in ("drop", "pad"):
+        if policy not in POLICIES:
             raise ValueError(f"policy {policy!r} is not known; must be one of 'drop', 'pad'")
         self.source_datapipe = source_datapipe
         self.index = index
@@ -158,8 +91,8 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
         self.instance_id = 0
         self.per_reader: int | None = None  # samples per reader in the current epoch
         self._loaded: Any = None
-        # Set for one epoch by the loader when it resumes from a state (seeding.seed_graph).
-        self.resume: Resume | None = None
+        # Handed for one epoch by the loader when it resumes from a state (set_resume).
+        self._resume: Resume | None = None
 
     def apply_sharding(  # type: ignore[override]  # torch's base declares it abstract (-> Never)
         self,
@@ -188,9 +121,12 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
             self.instance_id += self.num_of_instances * i
             self.num_of_instances *= n
 
-    def _index(self, urls: list[str]) -> Any:
-        from shardpipes.index import ShardIndex, default_index_url, find_index
+    def set_resume(self, resume: Resume | None) -> IndexSharderIterDataPipe:
+        """Continue a resumed epoch in the next iteration (loader hook; ``None``: start afresh)."""
+        self._resume = resume
+        return self
 
+    def _index(self, urls: list[str]) -> Any:
         if self._loaded is not None:
             return self._loaded
         if isinstance(self.index, ShardIndex):
@@ -206,9 +142,7 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
         return self._loaded
 
     def __iter__(self) -> Iterator[ShardRange]:
-        from shardpipes.partition import positions_to_ranges
-
-        resume, self.resume = self.resume, None
+        resume, self._resume = self._resume, None
         urls = list(self.source_datapipe)
         if not urls:
             self.per_reader = 0
@@ -226,7 +160,7 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
             yield from self._sparse(plan.read_order()[0], urls, shards, counts)
             runs = plan.rest.runs
         else:
-            per = total // n if self.policy == "drop" else -(-total // n)
+            per = per_reader(total, n, self.policy)
             runs = [(i * per, (i + 1) * per)] if per else []
             self.per_reader = per
         for a, b in runs:
@@ -272,20 +206,9 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
         if group:
             yield emit()
 
-    def _resumed(self, resume: Resume, total: int) -> Any:
-        """This reader's part of a resumed epoch; points its sample shuffle at where it was."""
-        from shardpipes._resume import reader_plan
-
-        if resume.segments[-1].readers != self.num_of_instances:
-            raise RuntimeError(
-                f"the resumed state is for {resume.segments[-1].readers} readers but this "
-                f"sharding_by_index was sharded for {self.num_of_instances}"
-            )
-        plan = reader_plan(
-            total, self.policy, resume.segments, self.instance_id, resume.shape, resume.reader_seed
-        )
-        if resume.shuffler is not None:
-            resume.shuffler.resume_at = (plan.seed, plan.first_draw, plan.read_order()[1])
+    def _resumed(self, resume: Resume, total: int) -> ReaderPlan:
+        """This reader's part of a resumed epoch (its sample shuffle reads it from ``resume``)."""
+        plan = resume.plan_reader(total, self.policy, self.num_of_instances, self.instance_id)
         if (plan.dropped or plan.padded) and self.instance_id == 0:
             logger.warning(
                 "resuming epoch %d with another topology: %d samples not yet yielded were %s to "

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 from torch.utils.data import IterDataPipe
 
 from shardpipes.datapipes.iter._base import StageIterDataPipe, register
+from shardpipes.datapipes.iter._index_length import exact_length_plan, index_length
 
 __all__ = [
     "CyclerIterDataPipe",
@@ -166,8 +167,6 @@ class FixedLengthIterDataPipe(StageIterDataPipe[T]):
         self._it: Iterator[T] | None = None
 
     def _from_index(self) -> int:
-        from shardpipes.datapipes.iter._index_length import exact_length_plan, index_length
-
         plan = exact_length_plan(self.source_datapipe)
         if plan is None:
             raise ValueError(

@@ -7,10 +7,10 @@ from collections.abc import Iterable, Iterator
 from typing import IO
 
 from shardpipes.datapipes.iter._base import StageIterDataPipe, register
-from shardpipes.datapipes.iter._tarparse import TarEntry, iter_tar
-from shardpipes.datapipes.iter.index_sharding import ShardRange
 from shardpipes.errors import ShardFormatError, ShardReadError
+from shardpipes.formats.tarparse import TarEntry, iter_tar
 from shardpipes.handlers import HandlerLike, SkipStats, resolve_handler
+from shardpipes.storage.ranges import ShardRange
 
 __all__ = ["TarArchiveLoaderIterDataPipe", "TarMember"]
 

@@ -6,27 +6,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import IO, Any
 
 from shardpipes.datapipes.iter._base import StageIterDataPipe, register
-from shardpipes.datapipes.iter._tarparse import TarEntry
 from shardpipes.datapipes.iter.tar import TarArchiveLoaderIterDataPipe
 from shardpipes.errors import SampleFormatError
+from shardpipes.formats.samples import duplicate_field, key_again, no_extension, split_key
+from shardpipes.formats.tarparse import TarEntry
 from shardpipes.handlers import HandlerLike, SkipStats, resolve_handler
 
-__all__ = ["Sample", "WebDatasetIterDataPipe", "split_key"]
+__all__ = ["Sample", "WebDatasetIterDataPipe"]
 
 Sample = dict[str, Any]
-
-
-def split_key(name: str) -> tuple[str, str]:
-    """Split a member path into ``(key, extension)`` as the WebDataset format defines them.
-
-    The key is the path up to the first dot of the basename; the extension is the rest, with
-    its leading dot: ``"train/x.seg.png"`` -> ``("train/x", ".seg.png")``. A basename with no
-    dot gives an empty extension.
-    """
-    dot = name.find(".", name.rfind("/") + 1)
-    if dot < 0:
-        return name, ""
-    return name[:dot], name[dot:]
 
 
 @register("webdataset")
@@ -121,17 +109,10 @@ class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
                 sample, key, url = None, None, member_url
                 seen = set()
             last_offset = entry.offset
-            dot = name.find(".", name.rfind("/") + 1)
+            member_key, ext = split_key(name)
             try:
-                if dot < 0:
-                    raise SampleFormatError(
-                        f"{member_url}: member {name!r} has no extension (a sample field needs "
-                        "one, as in 'key.jpg')",
-                        url=member_url,
-                        key=name,
-                    )
-                member_key = name[:dot]
-                ext = name[dot:]
+                if not ext:
+                    raise no_extension(member_url, name)
                 if member_key != key:
                     if sample is not None:
                         out = self._finish(sample, required, policy)
@@ -144,12 +125,7 @@ class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
                         # The rest of this key's run is dropped with it (one skip, not one
                         # per member): sample stays None while key matches.
                         key = member_key
-                        raise SampleFormatError(
-                            f"{member_url}: key {member_key!r} appears again at member {name!r} "
-                            "after other keys; the members of a sample must be adjacent",
-                            url=member_url,
-                            key=member_key,
-                        )
+                        raise key_again(member_url, member_key, f"member {name!r}")
                     seen.add(member_key)
                     key = member_key
                     sample = {"__key__": member_key, "__url__": member_url}
@@ -157,11 +133,7 @@ class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
                     continue  # the rest of a sample that was already skipped
                 if ext in sample:
                     bad, sample = sample, None
-                    raise SampleFormatError(
-                        f"{member_url}: sample {member_key!r} has two {ext!r} members",
-                        url=member_url,
-                        key=bad["__key__"],
-                    )
+                    raise duplicate_field(member_url, bad["__key__"], ext)
                 sample[ext] = entry.data
             except SampleFormatError as exc:
                 if not policy(exc, member_url, self.skipped):

@@ -1,6 +1,6 @@
 """Errors, retry policy, error classification and credential redaction for remote reads.
 
-Used by :mod:`shardpipes.datapipes.iter._remote` (the resumable stream) and by the fsspec
+Used by :mod:`shardpipes.storage.remote` (the resumable stream) and by the fsspec
 stages. Backends report the same failure in different ways; :func:`classify_error` sorts them
 into what can be retried and what cannot, and :class:`Redactor` makes sure no message, and no
 exception chained to one, shows a password, token or signature.

@@ -34,9 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numpy as np
-
-from shardpipes._seeds import DEFAULT_SHUFFLE_BUFFER, buffered_shuffle, derive_seed
+from shardpipes.plan.readers import POLICIES, check_int, per_reader, reader_count, reader_index
+from shardpipes.plan.seeds import DEFAULT_SHUFFLE_BUFFER, buffered_shuffle, derive_seed
 
 __all__ = [
     "POLICIES",
@@ -50,8 +49,6 @@ __all__ = [
     "shard_order",
     "summarize",
 ]
-
-POLICIES = ("drop", "pad")
 
 
 class SampleRange(NamedTuple):
@@ -71,41 +68,8 @@ class SampleRange(NamedTuple):
         return self.stop - self.start
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{name} should be an int, got {type(value).__name__} ({value!r})")
-    if value < minimum:
-        raise ValueError(f"{name} ({value}) should be >= {minimum}")
-    return int(value)
-
-
 def _check_counts(counts: Sequence[int]) -> list[int]:
-    return [_check_int(f"counts[{i}]", c, 0) for i, c in enumerate(counts)]
-
-
-def reader_index(rank: int, worker: int, *, world_size: int, num_workers: int) -> int:
-    """Return the reader number of ``(rank, worker)``: ``rank * max(num_workers, 1) + worker``.
-
-    ``num_workers=0`` means one reader per rank (worker ``0``, the rank's main process).
-
-    Raises:
-        ValueError: ``rank`` or ``worker`` out of range, naming the value and the range.
-
-    Examples:
-        >>> reader_index(1, 2, world_size=2, num_workers=4)
-        6
-    """
-    world_size = _check_int("world_size", world_size, 1)
-    workers = max(_check_int("num_workers", num_workers, 0), 1)
-    rank = _check_int("rank", rank, 0)
-    worker = _check_int("worker", worker, 0)
-    if rank >= world_size:
-        raise ValueError(f"rank ({rank}) should be smaller than world_size ({world_size})")
-    if worker >= workers:
-        raise ValueError(
-            f"worker ({worker}) should be smaller than max(num_workers, 1) ({workers})"
-        )
-    return rank * workers + worker
+    return [check_int(f"counts[{i}]", c, 0) for i, c in enumerate(counts)]
 
 
 def shard_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool = True) -> list[int]:
@@ -126,9 +90,9 @@ def shard_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool = True)
         >>> shard_order(3, seed=0, epoch=0, shuffle=False)
         [0, 1, 2]
     """
-    num_shards = _check_int("num_shards", num_shards, 0)
-    seed = _check_int("seed", seed, 0)
-    epoch = _check_int("epoch", epoch, 0)
+    num_shards = check_int("num_shards", num_shards, 0)
+    seed = check_int("seed", seed, 0)
+    epoch = check_int("epoch", epoch, 0)
     if not shuffle:
         return list(range(num_shards))
     return list(
@@ -159,8 +123,8 @@ def positions_to_ranges(
     counts = _check_counts(counts)
     if sorted(order) != list(range(len(counts))):
         raise ValueError(f"order {list(order)!r} is not a permutation of range({len(counts)})")
-    start = _check_int("start", start, 0)
-    stop = _check_int("stop", stop, 0)
+    start = check_int("start", start, 0)
+    stop = check_int("stop", stop, 0)
     if stop < start:
         raise ValueError(f"stop ({stop}) should be >= start ({start})")
     total = sum(counts)
@@ -277,14 +241,14 @@ def partition_samples(
         1
     """
     counts = _check_counts(counts)
-    world_size = _check_int("world_size", world_size, 1)
-    num_workers = _check_int("num_workers", num_workers, 0)
+    world_size = check_int("world_size", world_size, 1)
+    num_workers = check_int("num_workers", num_workers, 0)
     if policy not in POLICIES:
         raise ValueError(f"policy {policy!r} is not known; must be one of {', '.join(POLICIES)}")
     order = shard_order(len(counts), seed=seed, epoch=epoch, shuffle=shuffle)
-    readers = world_size * max(num_workers, 1)
+    readers = reader_count(world_size, num_workers)
     total = sum(counts)
-    per = total // readers if policy == "drop" else -(-total // readers)
+    per = per_reader(total, readers, policy)
     pieces = tuple(
         tuple(positions_to_ranges(counts, order, r * per, (r + 1) * per)) for r in range(readers)
     )
@@ -365,8 +329,8 @@ def summarize(
         >>> s.per_rank, s.idle
         ((3, 0), (2, 3))
     """
-    world_size = _check_int("world_size", world_size, 1)
-    workers = max(_check_int("num_workers", num_workers, 0), 1)
+    world_size = check_int("world_size", world_size, 1)
+    workers = max(check_int("num_workers", num_workers, 0), 1)
     if len(readers) != world_size * workers:
         raise ValueError(
             f"got ranges for {len(readers)} readers; world_size ({world_size}) x "
@@ -424,7 +388,7 @@ def assign_shards(
         >>> assign_shards(5, world_size=2, num_workers=0, shuffle=False)
         [[0, 2, 4], [1, 3]]
     """
-    world_size = _check_int("world_size", world_size, 1)
-    readers = world_size * max(_check_int("num_workers", num_workers, 0), 1)
+    world_size = check_int("world_size", world_size, 1)
+    readers = world_size * max(check_int("num_workers", num_workers, 0), 1)
     order = shard_order(num_shards, seed=seed, epoch=epoch, shuffle=shuffle)
     return [order[r::readers] for r in range(readers)]

@@ -2,7 +2,7 @@
 
 Python's ``tarfile`` spends most of its time per member building ``TarInfo`` objects and
 summing header checksums byte by byte (about 55% of webdataset's time on small samples). Here
-the headers are parsed and verified in bulk by :func:`~shardpipes.datapipes.iter._tarheaders.scan`
+the headers are parsed and verified in bulk by :func:`~shardpipes.formats.tarheaders.scan`
 over a buffer that is either
 
 - the ``mmap`` of a whole local file: members are copied straight out of the page cache
@@ -21,7 +21,8 @@ import stat
 from collections.abc import Callable, Iterator
 from typing import IO, NamedTuple
 
-from shardpipes.datapipes.iter._tarheaders import (
+from shardpipes.errors import ShardFormatError
+from shardpipes.formats.tarheaders import (
     BLOCK,
     NO_PAX,
     Carry,
@@ -29,7 +30,6 @@ from shardpipes.datapipes.iter._tarheaders import (
     scan,
     truncated,
 )
-from shardpipes.errors import ShardFormatError
 
 __all__ = ["BLOCK", "TarEntry", "iter_tar"]
 

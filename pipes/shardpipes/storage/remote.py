@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from shardpipes.datapipes.iter._retry import (
+from shardpipes.storage.retry import (
     ForbiddenShardError,
     MissingShardError,
     NotAFileError,
@@ -406,12 +406,15 @@ class RemoteStream(io.RawIOBase):
     # -- io.RawIOBase --
 
     def readable(self) -> bool:
+        """Always ``True``."""
         return True
 
     def seekable(self) -> bool:
+        """Whether the transport allows ranges (then ``seek`` works)."""
         return not self._transport.sequential
 
     def tell(self) -> int:
+        """The stream position."""
         return self._pos
 
     def read(self, size: int | None = -1) -> bytes:

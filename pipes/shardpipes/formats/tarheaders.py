@@ -236,6 +236,7 @@ def at_end(buf: Buffer, pos: int, base: int, url: str, carry: Carry, *, require_
 
 
 def truncated(url: str, offset: int, where: str) -> None:
+    """Raise the ``ShardFormatError`` for an archive that ends at ``offset``."""
     raise ShardFormatError(
         f"{url}: truncated tar archive at byte offset {offset} ({where})", url=url, offset=offset
     )

@@ -3,7 +3,7 @@
 Pure functions of integers (no I/O), used by ``sharding_by_index`` when the loader restores a
 state. An epoch with an index is a sequence of ``total`` sample *positions* (the shards laid
 end to end in the epoch's order). An epoch may be run in *segments*, one per topology it ran
-under: the first with the partition of :mod:`shardpipes.partition`, each later one (after an
+under: the first with the partition of :mod:`shardpipes.plan.partition`, each later one (after an
 elastic resume) with the samples the earlier ones did not yield, split again among the new
 readers. A :class:`Segment` records the topology and how many items each rank yielded in it.
 
@@ -14,7 +14,7 @@ What a reader yielded follows from that count alone, because everything else is 
    once it has none left (:func:`worker_batches`).
 2. So each reader yielded its first ``o`` shuffle outputs, and the shuffle's state after ``o``
    outputs (which inputs sit in its buffer, how many it read) is computed by
-   :func:`shardpipes._seeds.shuffle_position` in about ``buffer * ln(buffer)`` steps.
+   :func:`shardpipes.plan.seeds.shuffle_position` in about ``buffer * ln(buffer)`` steps.
 
 A reader continuing its own stretch (same topology) re-reads its buffer's samples, then the
 rest of its range, and restarts its shuffle at draw ``o``: it yields exactly what it would have.
@@ -28,7 +28,8 @@ import bisect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from shardpipes._seeds import derive_seed, shuffle_position
+from shardpipes.plan.readers import batches, per_reader, reader_count, reader_path, split_reader
+from shardpipes.plan.seeds import derive_seed, shuffle_position
 
 __all__ = [
     "ReaderPlan",
@@ -54,12 +55,12 @@ class Segment:
     @property
     def readers(self) -> int:
         """``world_size * max(num_workers, 1)``."""
-        return self.world_size * max(self.num_workers, 1)
+        return reader_count(self.world_size, self.num_workers)
 
     def path(self, reader: int) -> tuple[int, ...]:
         """The seed path of ``reader``: ``(rank, worker)``, without the parts a service did not add."""
-        rank, worker = divmod(reader, max(self.num_workers, 1))
-        return ((rank,) if self.distributed else ()) + ((worker,) if self.num_workers else ())
+        rank, worker = split_reader(reader, self.num_workers)
+        return reader_path(rank, worker, distributed=self.distributed, num_workers=self.num_workers)
 
     def as_list(self) -> list[int]:
         """``[world_size, num_workers, distributed, consumed]``, as states store it."""
@@ -78,7 +79,7 @@ class Shape:
 
     ``batch_size`` is ``None`` without a ``batch()``; ``buffer_size`` is ``None`` without a
     sample-level ``shuffle()``; ``shuffle_stage`` numbers that shuffle among the random stages
-    (:func:`shardpipes.dataloader2.seeding.random_stages`).
+    (:func:`shardpipes.dataloader2.graph.random_stages`).
     """
 
     batch_size: int | None
@@ -88,9 +89,7 @@ class Shape:
 
     def batches(self, samples: int) -> int:
         """Items a reader with ``samples`` samples yields."""
-        if self.batch_size is None:
-            return samples
-        return samples // self.batch_size if self.drop_last else -(-samples // self.batch_size)
+        return batches(samples, self.batch_size, self.drop_last)
 
     def samples(self, batches: int, limit: int) -> int:
         """Samples in a reader's first ``batches`` items (of ``limit`` samples)."""
@@ -262,7 +261,7 @@ def segment_seed(reader_seed: int, segment: int) -> int:
 def _first_split(total: int, readers: int, policy: str) -> list[Runs]:
     if total == 0:
         return [Runs() for _ in range(readers)]
-    per = total // readers if policy == "drop" else -(-total // readers)
+    per = per_reader(total, readers, policy)
     whole = Runs([(0, total)])
     return [whole.circular(i * per, (i + 1) * per) for i in range(readers)]
 

@@ -1,0 +1,1 @@
+"""Formats: tar headers and parsing, and the rule that groups members into samples (no I/O of their own)."""

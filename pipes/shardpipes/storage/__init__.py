@@ -1,0 +1,1 @@
+"""Storage: URLs, opening through fsspec, retries, remote read-ahead streams, byte ranges."""

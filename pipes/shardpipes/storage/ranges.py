@@ -1,0 +1,311 @@
+"""Byte ranges of shards: the ``ShardRange`` value and opening a range with one request.
+
+``sharding_by_index`` yields :class:`ShardRange` items (a shard URL plus a sample range and its
+bytes, as the index gives them); ``open_files_by_fsspec`` opens them with :func:`open_range`:
+one seek locally, one ranged request (or a streamed range) remotely.
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+from collections.abc import Mapping, Sequence
+from typing import IO, Any, cast
+
+from fsspec.implementations.local import LocalFileSystem
+
+from shardpipes.errors import ShardFormatError, ShardReadError
+from shardpipes.storage.open import filesystem
+from shardpipes.storage.remote import open_remote, with_retries
+from shardpipes.storage.retry import (
+    ForbiddenShardError,
+    MissingShardError,
+    NotAFileError,
+    Redactor,
+    RetryPolicy,
+)
+
+__all__ = ["RangeFile", "ShardRange", "open_range"]
+
+
+class ShardRange(str):
+    """A shard URL (the string itself) with a range of its samples and their byte span.
+
+    Every stage that takes URLs takes a ``ShardRange``; ``open_files_by_fsspec`` reads only
+    ``[offset, offset + size)`` of the shard, and ``load_from_tar`` parses that span.
+
+    Attributes:
+        start: First sample (index within the shard).
+        stop: One past the last sample.
+        offset: Byte offset of the first sample's first member header.
+        size: Bytes up to the end of the last sample's last member (for a sparse range: the
+            bytes of its spans).
+        spans: For a *sparse* range (some samples of ``[start, stop)``, as a resumed epoch
+            reads what sat in a shuffle buffer): the ``(offset, size)`` byte spans to read, in
+            order; empty for a contiguous range.
+    """
+
+    start: int
+    stop: int
+    offset: int
+    size: int
+    spans: tuple[tuple[int, int], ...]
+
+    def __new__(
+        cls,
+        url: str,
+        start: int,
+        stop: int,
+        offset: int,
+        size: int,
+        spans: tuple[tuple[int, int], ...] = (),
+    ) -> ShardRange:
+        """Make the range ``[start, stop)`` of ``url``, spanning bytes ``[offset, offset + size)``."""
+        obj = super().__new__(cls, url)
+        obj.start, obj.stop, obj.offset, obj.size = start, stop, offset, size
+        obj.spans = tuple(spans)
+        return obj
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ShardRange, (str(self), self.start, self.stop, self.offset, self.size, self.spans))
+
+    def __repr__(self) -> str:
+        sparse = f", {len(self.spans)} spans" if self.spans else ""
+        return (
+            f"ShardRange({str(self)!r}, samples [{self.start}, {self.stop}), "
+            f"bytes {self.offset}+{self.size}{sparse})"
+        )
+
+
+_SPAN_GAP = 256 << 10  # spans closer than this are fetched with one request
+
+
+class _LocalSpans(io.RawIOBase):
+    """The bytes of several spans of one local file, one after the other."""
+
+    def __init__(self, path: str, spans: Sequence[tuple[int, int]]) -> None:
+        super().__init__()
+        self._f = open(path, "rb")  # noqa: SIM115  # closed by close()
+        self._spans = list(spans)
+        self._i = 0
+        self._left = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int | None = -1) -> bytes:
+        want = sum(s for _, s in self._spans[self._i :]) + self._left if n is None or n < 0 else n
+        parts = []
+        while want > 0:
+            if not self._left:
+                if self._i == len(self._spans):
+                    break
+                off, self._left = self._spans[self._i]
+                self._i += 1
+                self._f.seek(off)
+            data = self._f.read(min(want, self._left))
+            if not data:
+                break  # RangeFile reports the short read
+            parts.append(data)
+            want -= len(data)
+            self._left -= len(data)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
+
+
+def _open_spans(
+    fs: Any,
+    path: str,
+    spans: Sequence[tuple[int, int]],
+    redactor: Redactor,
+    retry: RetryPolicy,
+) -> IO[bytes]:
+    if isinstance(fs, LocalFileSystem):
+        return cast(IO[bytes], _LocalSpans(path, spans))
+    groups: list[list[int]] = []  # [start, end] of each request
+    for off, size in sorted(spans):
+        if groups and off - groups[-1][1] <= _SPAN_GAP:
+            groups[-1][1] = max(groups[-1][1], off + size)
+        else:
+            groups.append([off, off + size])
+    starts = [g[0] for g in groups]
+
+    def fetch() -> list[bytes]:
+        blobs = fs.cat_ranges([path] * len(groups), starts, [g[1] for g in groups])
+        for blob in blobs:
+            if isinstance(blob, BaseException):  # async filesystems return errors in place
+                raise blob
+        return list(blobs)
+
+    blobs = with_retries(fetch, redactor, retry, "sparse range read", starts[0])
+    parts = []
+    for off, size in spans:
+        i = bisect.bisect_right(starts, off) - 1
+        parts.append(blobs[i][off - starts[i] : off - starts[i] + size])
+    return io.BytesIO(b"".join(parts))
+
+
+class RangeFile(io.RawIOBase):
+    """A read-only stream of bytes ``[offset, offset + size)`` of a shard, returned by :func:`open_range`.
+
+    ``read(n)`` returns exactly ``n`` bytes until the range ends (then fewer, then ``b""``).
+
+    Attributes:
+        url: The shard.
+        offset: Where the range starts in the shard.
+        size: Bytes in the range.
+    """
+
+    def __init__(self, raw: IO[bytes], url: str, offset: int, size: int) -> None:
+        super().__init__()
+        self._raw = raw
+        self.url = url
+        self.offset = offset
+        self.size = size
+        self._pos = 0
+
+    def readable(self) -> bool:
+        """``True``."""
+        return True
+
+    def tell(self) -> int:
+        """Bytes read so far, from the start of the range."""
+        return self._pos
+
+    def read(self, n: int | None = -1) -> bytes:
+        """Read up to ``n`` bytes (all that is left of the range for ``n < 0``)."""
+        left = self.size - self._pos
+        want = left if n is None or n < 0 else min(n, left)
+        parts = []
+        got = 0
+        while got < want:
+            data = self._raw.read(want - got)
+            if not data:
+                at = self.offset + self._pos + got
+                raise ShardFormatError(
+                    f"{self.url}: the shard ends at byte offset {at}, inside the indexed range "
+                    f"[{self.offset}, {self.offset + self.size}): is the index out of date?",
+                    url=self.url,
+                    offset=at,
+                )
+            parts.append(data)
+            got += len(data)
+        self._pos += got
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def readall(self) -> bytes:
+        """Read the rest of the range."""
+        return self.read(-1)
+
+    def readinto(self, buffer: Any) -> int:
+        """Read into ``buffer``; return the number of bytes read."""
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        """Close the underlying file."""
+        if not self.closed:
+            self._raw.close()
+        super().close()
+
+
+def open_range(
+    url: str,
+    offset: int,
+    size: int,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    max_fetch: int = 8 << 20,
+    block_size: int = 8 << 20,
+    spans: Sequence[tuple[int, int]] = (),
+    retries: int = 5,
+    backoff: float = 0.5,
+    timeout: float | None = 60.0,
+) -> RangeFile:
+    """Open bytes ``[offset, offset + size)`` of a shard, e.g. a run of samples from the index.
+
+    With ``spans`` (``(offset, size)`` pairs, ``size`` their total), the stream is those spans
+    one after the other: a *sparse* range, as a resumed epoch reads the samples that sat in a
+    shuffle buffer. Local files: one ``open``, a ``seek`` per span. Other filesystems: one
+    ``fs.cat_ranges`` call (concurrent requests on s3fs, gcsfs and HTTP), spans closer than
+    256 KiB fetched together.
+
+    Remote reads are retried as ``open_files_by_fsspec``'s are: a fetched range is fetched again
+    whole after a transient error (a connection reset, a 5xx, a time-out), a streamed one
+    resumes at the byte offset it had reached; permanent errors (no such key, 403) fail at once.
+
+    Local files: one ``open`` and one ``seek``. Other filesystems: a range of at most
+    ``max_fetch`` bytes is fetched whole with one ranged request (``fs.cat_file(path, start,
+    end)``); a longer one is streamed from one ``fs.open`` + ``seek``, ``block_size`` bytes per
+    request. ``iter_tar(stream, url, require_end=False)`` parses the stream on its own (a range
+    has no end-of-archive blocks); its offsets are then relative to ``offset``.
+
+    Args:
+        url: Shard URL.
+        offset: First byte, a member header (``ShardInfo.byte_range`` gives it).
+        size: Bytes to read.
+        storage_options: Passed to fsspec.
+        max_fetch: Largest range fetched in one request. Default: ``8 MiB``.
+        block_size: Request size for longer ranges. Default: ``8 MiB``.
+        spans: ``(offset, size)`` byte spans for a sparse range (then ``size`` is their total).
+        retries: Retries of a transient error. Default: ``5``.
+        backoff: First retry delay in seconds, doubled each time. Default: ``0.5``.
+        timeout: Seconds a remote request may take. Default: ``60``.
+
+    Raises:
+        ValueError: Negative ``offset`` or ``size``.
+        ShardReadError: The shard cannot be opened, naming the URL.
+        ShardFormatError: (on read) the shard ends inside the range: a stale index.
+
+    Examples:
+        >>> import tempfile
+        >>> from shardpipes.formats.tarparse import iter_tar
+        >>> from shardpipes.synthetic import write_synthetic
+        >>> [path] = write_synthetic(tempfile.mkdtemp(), shards=1, samples=3)
+        >>> from shardpipes.index import index_shard
+        >>> shard = index_shard(path)
+        >>> offset, size = shard.byte_range(1, 2)
+        >>> with open_range(path, offset, size) as f:
+        ...     [e.name for e in iter_tar(f, path, require_end=False)]
+        ['000000_000001.cls', '000000_000001.json', '000000_000001.bin']
+    """
+    for name, value in (("offset", offset), ("size", size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} should be an int >= 0, got {value!r}")
+    fs, path = filesystem(url, storage_options)
+    raw: IO[bytes]
+    local = isinstance(fs, LocalFileSystem)
+    retry = RetryPolicy(retries=retries, backoff=backoff, timeout=timeout)
+    redactor = Redactor(url, storage_options)
+    try:
+        if spans:
+            raw = _open_spans(fs, path, spans, redactor, retry)
+        elif local:
+            raw = open(path, "rb")  # noqa: SIM115  # closed by RangeFile.close
+            raw.seek(offset)
+        elif size <= max_fetch:
+            data = with_retries(
+                lambda: fs.cat_file(path, start=offset, end=offset + size), redactor, retry,
+                "range read", offset,
+            )  # fmt: skip
+            raw = io.BytesIO(data)
+        else:
+            stream = open_remote(
+                url, fs, path, block_size=block_size, readahead=2, retry=retry,
+                storage_options=storage_options,
+            )  # fmt: skip
+            stream.seek(offset)
+            raw = cast(IO[bytes], stream)
+    except ShardReadError:
+        raise  # already names the URL (without credentials) and the offset
+    except FileNotFoundError as exc:
+        raise MissingShardError(f"{url}: no such file", url=url, offset=offset) from exc
+    except PermissionError as exc:
+        raise ForbiddenShardError(f"{url}: permission denied", url=url, offset=offset) from exc
+    except IsADirectoryError as exc:
+        raise NotAFileError(f"{url}: is a directory, not a file", url=url, offset=offset) from exc
+    return RangeFile(raw, url, offset, size)
