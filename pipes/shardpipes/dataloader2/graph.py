@@ -131,7 +131,9 @@ def _main_side(dp: Any) -> bool:
     return isinstance(dp, ExactLengthIterDataPipe | PinMemoryIterDataPipe | WorkerPoolIterDataPipe)
 
 
-def resume_shape(datapipe: IterDataPipe[Any]) -> tuple[Shape, Any] | str:
+def resume_shape(
+    datapipe: IterDataPipe[Any],
+) -> tuple[Shape, LeanShufflerIterDataPipe[Any] | Shuffler[Any] | None] | str:
     """``(shape, sample shuffle stage or None)`` when an epoch of this graph can be resumed by seeking.
 
     That is the graph of :func:`exact_length_plan` (``sharding_by_index`` ... one-to-one stages,

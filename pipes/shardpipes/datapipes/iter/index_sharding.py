@@ -19,7 +19,7 @@ from typing import Any, Literal
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, _ShardingIterDataPipe
 
 from shardpipes.datapipes.iter._base import register
-from shardpipes.index.document import ShardIndex, default_index_url, find_index
+from shardpipes.index.document import ShardIndex, ShardInfo, default_index_url, find_index
 from shardpipes.plan.epoch import Resume
 from shardpipes.plan.partition import positions_to_ranges
 from shardpipes.plan.readers import POLICIES, per_reader
@@ -75,7 +75,7 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
     def __init__(
         self,
         source_datapipe: Iterable[str],
-        index: Any = None,
+        index: str | ShardIndex | None = None,
         *,
         policy: Literal["drop", "pad"] = "drop",
         storage_options: Mapping[str, Any] | None = None,
@@ -90,7 +90,7 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
         self.num_of_instances = 1
         self.instance_id = 0
         self.per_reader: int | None = None  # samples per reader in the current epoch
-        self._loaded: Any = None
+        self._loaded: ShardIndex | None = None
         # Handed for one epoch by the loader when it resumes from a state (set_resume).
         self._resume: Resume | None = None
 
@@ -126,7 +126,7 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
         self._resume = resume
         return self
 
-    def _index(self, urls: list[str]) -> Any:
+    def _index(self, urls: list[str]) -> ShardIndex:
         if self._loaded is not None:
             return self._loaded
         if isinstance(self.index, ShardIndex):
@@ -170,7 +170,7 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
 
     @staticmethod
     def _sparse(
-        positions: list[int], urls: list[str], shards: list[Any], counts: list[int]
+        positions: list[int], urls: list[str], shards: list[ShardInfo], counts: list[int]
     ) -> Iterator[ShardRange]:
         """Sparse ranges that read ``positions`` (sorted), in order.
 
