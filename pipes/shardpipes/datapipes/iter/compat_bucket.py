@@ -87,7 +87,7 @@ def _within(item: _Sized[Any], *, min_len: int, max_len: int) -> bool:
 
 
 @register("max_token_bucketize")
-class MaxTokenBucketizerIterDataPipe(StageIterDataPipe[DataChunk[Any]]):
+class MaxTokenBucketizerIterDataPipe(IterDataPipe[DataChunk[Any]]):
     """Batch items so that each batch holds at most ``max_token_count`` tokens, shortest first within a buffer (functional name: ``max_token_bucketize``).
 
     Args:

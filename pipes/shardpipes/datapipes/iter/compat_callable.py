@@ -41,6 +41,10 @@ def _call(fn: Callable[..., Any], data: Any, input_col: Any) -> Any:
     return fn(data[input_col])
 
 
+class _BadBufferSize(ValueError, AssertionError):
+    """A ``buffer_size`` below 1 (0.9 raised ``AssertionError``)."""
+
+
 def _seed_from_torch() -> int:
     # 0.9 draws the seed from torch's RNG when the loader did not set one, so
     # ``torch.manual_seed`` decides the order.
@@ -160,8 +164,8 @@ class ShuffledFlatMapperIterDataPipe(StageIterDataPipe[T]):
         fn = _identity if fn is None else fn
         _check_unpickable_fn(fn)
         validate_input_col(fn, input_col)
-        if buffer_size <= 0:
-            raise ValueError(f"buffer_size should be larger than 0, got {buffer_size}")
+        if buffer_size <= 0:  # AssertionError as in 0.9, and a ValueError
+            raise _BadBufferSize(f"buffer_size should be larger than 0, got {buffer_size}")
         self.datapipe = datapipe
         self.fn = fn
         self.input_col = input_col

@@ -48,7 +48,7 @@ def _decoded(lines: Iterable[Any], decode: bool, encoding: str, errors: str) -> 
 
 
 @register("readlines")
-class LineReaderIterDataPipe(StageIterDataPipe[Any]):
+class LineReaderIterDataPipe(IterDataPipe[Any]):
     """Yield the lines of each ``(path, stream)`` as ``(path, line)`` (functional name: ``readlines``).
 
     Args:
@@ -96,8 +96,8 @@ class LineReaderIterDataPipe(StageIterDataPipe[Any]):
                 yield (path, line) if self.return_path else line
 
 
-class _CSVBase(StageIterDataPipe[Any]):
-    _reader: Callable[..., Iterator[Any]] = csv.reader
+class _CSVBase(IterDataPipe[Any]):
+    _reader: Callable[..., Iterator[Any]] = staticmethod(csv.reader)  # type: ignore[assignment]
 
     def __init__(
         self,
@@ -168,7 +168,7 @@ class CSVDictParserIterDataPipe(_CSVBase):
         [{'k': 'a', 'v': '1'}]
     """
 
-    _reader = csv.DictReader
+    _reader = staticmethod(csv.DictReader)  # type: ignore[assignment]
 
     def __init__(
         self,
@@ -222,7 +222,7 @@ def _join_lines(lines: list[str]) -> str:
 
 
 @register("lines_to_paragraphs")
-class ParagraphAggregatorIterDataPipe(StageIterDataPipe[tuple[str, str]]):
+class ParagraphAggregatorIterDataPipe(IterDataPipe[tuple[str, str]]):
     """Join consecutive non-empty ``(path, line)`` lines of a file into ``(path, paragraph)`` (functional name: ``lines_to_paragraphs``).
 
     Args:

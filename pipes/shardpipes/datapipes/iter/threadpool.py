@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import collections
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sized
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from torch.utils.data import IterDataPipe
+from torch.utils.data.datapipes.utils.common import validate_input_col
 
 from shardpipes.datapipes.iter._base import StageIterDataPipe, check_picklable_fn, register
 
@@ -52,6 +53,7 @@ class ThreadPoolMapperIterDataPipe(StageIterDataPipe[Any]):
         max_workers: int | None = None,
     ) -> None:
         check_picklable_fn(fn, "threadpool_map fn")
+        validate_input_col(fn, input_col)  # torchdata 0.9: a wrong arity fails at construction
         if scheduled_tasks <= 0:
             raise ValueError(
                 f"scheduled_tasks should be a positive integer, got {scheduled_tasks!r}"
@@ -105,4 +107,6 @@ class ThreadPoolMapperIterDataPipe(StageIterDataPipe[Any]):
                     fut.cancel()
 
     def __len__(self) -> int:
-        return len(self.source_datapipe)
+        if isinstance(self.source_datapipe, Sized):
+            return len(self.source_datapipe)
+        raise TypeError(f"{type(self).__name__} instance doesn't have valid length")
