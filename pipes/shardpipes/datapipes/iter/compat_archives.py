@@ -184,7 +184,9 @@ class DecompressorIterDataPipe(StageIterDataPipe[tuple[str, Any]]):
                 file_type = CompressionType(file_type.lower())
             except ValueError:
                 names = [t.value for t in CompressionType]
-                raise ValueError(f"file_type {file_type!r} is not one of {names}") from None
+                raise ValueError(
+                    f"file_type {file_type!r} is not a valid CompressionType; must be one of {names}"
+                ) from None
         self.source_datapipe = source_datapipe
         self.file_type = file_type
 
