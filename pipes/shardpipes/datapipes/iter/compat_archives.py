@@ -36,6 +36,11 @@ __all__ = [
 ]
 
 
+def _parent(stream: Any) -> StreamWrapper:
+    """torch's ``StreamWrapper(child, parent)`` wants the parent wrapped too."""
+    return stream if isinstance(stream, StreamWrapper) else StreamWrapper(stream)
+
+
 def _autoclose(stream: Any) -> None:
     if isinstance(stream, StreamWrapper):
         stream.autoclose()
@@ -71,7 +76,7 @@ class ZipArchiveLoaderIterDataPipe(_NominalLength):
                     if info.is_dir():
                         continue
                     inner = os.path.normpath(os.path.join(path, info.filename))
-                    yield inner, StreamWrapper(archive.open(info), stream, name=inner)
+                    yield inner, StreamWrapper(archive.open(info), _parent(stream), name=inner)
             except Exception as exc:
                 warnings.warn(f"Unable to extract files from corrupted zipfile stream {path} due to: {exc}, abort!", stacklevel=2)
                 raise
@@ -97,7 +102,7 @@ class XzFileLoaderIterDataPipe(_NominalLength):
             validate_pathname_binary_tuple(pair)
             path, stream = pair
             try:
-                yield _drop_suffix(path, ".xz"), StreamWrapper(lzma.open(stream, mode="rb"), stream, name=path)
+                yield _drop_suffix(path, ".xz"), StreamWrapper(lzma.open(stream, mode="rb"), _parent(stream), name=path)
             except Exception as exc:
                 warnings.warn(f"Unable to extract files from corrupted xz/lzma stream {path} due to: {exc}, abort!", stacklevel=2)
                 raise
@@ -119,7 +124,7 @@ class Bz2FileLoaderIterDataPipe(_NominalLength):
             validate_pathname_binary_tuple(pair)
             path, stream = pair
             try:
-                yield _drop_suffix(path, ".bz2"), StreamWrapper(bz2.open(stream, mode="rb"), stream, name=path)
+                yield _drop_suffix(path, ".bz2"), StreamWrapper(bz2.open(stream, mode="rb"), _parent(stream), name=path)
             except Exception as exc:
                 warnings.warn(f"Unable to extract files from corrupted bzip2 stream {path} due to: {exc}, abort!", stacklevel=2)
                 raise
@@ -206,7 +211,7 @@ class DecompressorIterDataPipe(StageIterDataPipe[tuple[str, Any]]):
     def __iter__(self) -> Iterator[tuple[str, Any]]:
         for path, file in self.source_datapipe:
             try:
-                yield path, StreamWrapper(_open_compressed(self._detect(path), file), file, name=path)
+                yield path, StreamWrapper(_open_compressed(self._detect(path), file), _parent(file), name=path)
             finally:
                 _autoclose(file)
 

@@ -184,8 +184,8 @@ class ShuffledFlatMapperIterDataPipe(StageIterDataPipe[T]):
 
     def reset(self) -> None:
         if self._enabled:
+            # A seed set by set_seed (the loader's, per epoch) stays until the next set_seed.
             self._rng.seed(_seed_from_torch() if self._seed is None else self._seed)
-            self._seed = None
 
     def __iter__(self) -> Iterator[T]:
         if not self._enabled:
