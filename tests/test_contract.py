@@ -204,6 +204,8 @@ FACTORIES.update(
         ),
         "decompress": lambda i: _compressed(i, ".xz", _lzma.open).decompress().map(_read_second),
         "drop": lambda i: _pairs(i).drop(0),
+        "end_caching": lambda i: _end_caching(i),
+        "memory_cell": lambda i: IterableWrapper(i.items).memory_cell(),
         "enumerate": lambda i: IterableWrapper(i.items).enumerate(),
         "extract": lambda i: _compressed(i, ".bz2", _bz2.open).extract().map(_read_second),
         "flatmap": lambda i: IterableWrapper(i.items).flatmap(_as_list),
@@ -244,6 +246,24 @@ FACTORIES.update(
 )
 
 
+def _end_caching(i: Inputs) -> Any:
+    where = functools.partial(_cache_path, i.cache_dir)
+    return (
+        IterableWrapper([str(x) for x in i.items])
+        .on_disk_cache(filepath_fn=where)
+        .map(_text_pair)
+        .end_caching(mode="w", filepath_fn=where, skip_read=True)
+    )
+
+
+def _cache_path(folder: str, name: str) -> str:
+    return os.path.join(folder, name)
+
+
+def _text_pair(name: str) -> tuple[str, str]:
+    return name, f"content {name}"
+
+
 def _identity(x: Any) -> Any:
     return x
 
@@ -263,12 +283,19 @@ NOT_IN_CONTRACT = {
 
 
 def _building() -> dict[str, set[type]]:
-    from shardpipes.datapipes.iter import compat_archives, compat_bucket, compat_callable, compat_combining
+    from shardpipes.datapipes.iter import (
+        compat_archives,
+        compat_bucket,
+        compat_cache,
+        compat_callable,
+        compat_combining,
+    )
     from shardpipes.datapipes.map import converter
 
     return {
         "async_map_batches": {compat_callable._AsyncBatchMapper},
         "bucketbatch": {IterDataPipe.functions["in_batch_shuffle"].args[0]},
+        "end_caching": {compat_cache.TorchdataCacheHolder},
         "extract": {compat_archives.DecompressorIterDataPipe},
         "random_split": {compat_bucket.SplitterIterator},
         "round_robin_demux": {compat_combining._RoundRobinDemux},

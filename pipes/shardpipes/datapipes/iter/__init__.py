@@ -100,6 +100,7 @@ from shardpipes.datapipes.iter.compat_archives import ZipArchiveLoaderIterDataPi
 from shardpipes.datapipes.iter.compat_bucket import BucketBatcherIterDataPipe as BucketBatcher
 from shardpipes.datapipes.iter.compat_bucket import MaxTokenBucketizerIterDataPipe as MaxTokenBucketizer
 from shardpipes.datapipes.iter.compat_bucket import RandomSplitterIterDataPipe as RandomSplitter
+from shardpipes.datapipes.iter.compat_cache import EndOnDiskCacheHolderIterDataPipe as EndOnDiskCacheHolder
 from shardpipes.datapipes.iter.compat_callable import BatchAsyncMapperIterDataPipe as BatchAsyncMapper
 from shardpipes.datapipes.iter.compat_callable import BatchMapperIterDataPipe as BatchMapper
 from shardpipes.datapipes.iter.compat_callable import FlatMapperIterDataPipe as FlatMapper
@@ -158,6 +159,7 @@ __all__ += [  # noqa: PLE0605 - appended block of 0.9 names, sorted within itsel
     "DataFrameMaker",
     "Decompressor",
     "Dropper",
+    "EndOnDiskCacheHolder",
     "Enumerator",
     "Extractor",
     "FlatMapper",

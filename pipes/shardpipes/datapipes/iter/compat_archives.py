@@ -164,7 +164,7 @@ _BY_SUFFIX = {
 
 
 @register("decompress")
-class DecompressorIterDataPipe(StageIterDataPipe[tuple[str, Any]]):
+class DecompressorIterDataPipe(IterDataPipe[tuple[str, Any]]):
     """Open each ``(path, stream)`` with the decompressor its extension (or ``file_type``) names (functional name: ``decompress``).
 
     Args:
