@@ -163,3 +163,48 @@ def test_map_side_names():
     first, second = SequenceWrapper([(1, 2), (3, 4)]).unzip(2)
     assert (list(first.to_iter_datapipe()), second[1]) == ([1, 3], 4)
     assert SequenceWrapper([5, 6]).in_memory_cache()[0] == 5
+
+
+class _Maker:
+    """Counts how many items the traced (expensive) stage really produced."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, name: str) -> tuple[str, str]:
+        self.calls += 1
+        return name, f"content {name}"
+
+
+def _in(folder, name):
+    return f"{folder}/{name}"
+
+
+def test_on_disk_cache_end_caching_runs_the_traced_stage_once_per_item(tmp_path):
+    import functools
+
+    where = functools.partial(_in, str(tmp_path))
+    maker = _Maker()
+
+    def graph(names):
+        cache = IterableWrapper(names).on_disk_cache(filepath_fn=where)
+        return cache.map(maker).end_caching(mode="w", filepath_fn=where, skip_read=True)
+
+    assert list(graph(["a", "b"])) == [where("a"), where("b")]
+    assert sorted(list(graph(["a", "b", "c"]))) == [where("a"), where("b"), where("c")]
+    assert maker.calls == 3  # a and b were read from disk the second time
+    assert (tmp_path / "c").read_text() == "content c"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "c"]  # no promise left behind
+
+
+def test_on_disk_cache_keeps_the_shardpipes_form(tmp_path):
+    from shardpipes.datapipes.iter import OnDiskCacheHolder
+
+    assert type(IterableWrapper([]).on_disk_cache(str(tmp_path))) is OnDiskCacheHolder
+    with pytest.raises(RuntimeError, match="end_caching"):
+        list(IterableWrapper(["x"]).on_disk_cache(filepath_fn=str))
+
+
+def test_end_caching_without_a_holder_is_an_error():
+    with pytest.raises(RuntimeError, match="Expected `OnDiskCacheHolder`"):
+        IterableWrapper([("a", b"x")]).end_caching()
