@@ -35,6 +35,7 @@ class ThreadPoolMapperIterDataPipe(StageIterDataPipe[Any]):
             Default: ``input_col``.
         scheduled_tasks: Items in flight at most. Default: ``128``.
         max_workers: Threads. Default: ``min(32, cpu count + 4)`` as ``ThreadPoolExecutor``.
+        **threadpool_kwargs: Passed to ``ThreadPoolExecutor`` (for example ``initializer=``).
 
     Examples:
         >>> from shardpipes.datapipes.iter import IterableWrapper
@@ -48,9 +49,9 @@ class ThreadPoolMapperIterDataPipe(StageIterDataPipe[Any]):
         fn: Callable[[Any], Any],
         input_col: Any = None,
         output_col: Any = None,
-        *,
         scheduled_tasks: int = 128,
         max_workers: int | None = None,
+        **threadpool_kwargs: Any,
     ) -> None:
         check_picklable_fn(fn, "threadpool_map fn")
         validate_input_col(fn, input_col)  # torchdata 0.9: a wrong arity fails at construction
@@ -72,6 +73,7 @@ class ThreadPoolMapperIterDataPipe(StageIterDataPipe[Any]):
         self.output_col = output_col
         self.scheduled_tasks = scheduled_tasks
         self.max_workers = max_workers
+        self.threadpool_kwargs = {"thread_name_prefix": "shardpipes-map", **threadpool_kwargs}
 
     def _apply(self, item: Any) -> Any:
         # Same column semantics as torch's Mapper, but on a copy: items are shared with the
@@ -94,7 +96,7 @@ class ThreadPoolMapperIterDataPipe(StageIterDataPipe[Any]):
 
     def __iter__(self) -> Iterator[Any]:
         pending: collections.deque[Future[Any]] = collections.deque()
-        with ThreadPoolExecutor(self.max_workers, thread_name_prefix="shardpipes-map") as pool:
+        with ThreadPoolExecutor(self.max_workers, **self.threadpool_kwargs) as pool:
             try:
                 for item in self.source_datapipe:
                     pending.append(pool.submit(self._apply, item))
