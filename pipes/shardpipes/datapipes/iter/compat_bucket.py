@@ -26,15 +26,16 @@ T = TypeVar("T")
 class BucketBatcherIterDataPipe(IterDataPipe[DataChunk[Any]]):
     """Batch items from shuffled, optionally sorted buckets of ``batch_size * batch_num`` (functional name: ``bucketbatch``).
 
-    Args:
-        datapipe: Source.
-        batch_size: Items per batch.
-        drop_last: Drop the last, short batch. Default: ``False``.
-        batch_num: Batches per bucket. Default: ``100``.
-        bucket_num: Buckets in the shuffling pool. Default: ``1``.
-        sort_key: Sorts the items of a bucket (a function of the list). Default: ``None``.
-        use_in_batch_shuffle: Shuffle with ``in_batch_shuffle`` rather than ``shuffle``.
-            Default: ``True``.
+    Arguments of the call (``__new__`` returns the graph it stands for):
+
+    - ``datapipe``: Source.
+    - ``batch_size``: Items per batch.
+    - ``drop_last``: Drop the last, short batch. Default: ``False``.
+    - ``batch_num``: Batches per bucket. Default: ``100``.
+    - ``bucket_num``: Buckets in the shuffling pool. Default: ``1``.
+    - ``sort_key``: Sorts the items of a bucket (a function of the list). Default: ``None``.
+    - ``use_in_batch_shuffle``: Shuffle with ``in_batch_shuffle`` rather than ``shuffle``.
+      Default: ``True``.
     """
 
     def __new__(  # type: ignore[misc]
@@ -256,12 +257,13 @@ class SplitterIterator(IterDataPipe[Any]):
 class RandomSplitterIterDataPipe(IterDataPipe[Any]):
     """Split a DataPipe at random into parts of the given weights, the same way for a given seed (functional name: ``random_split``).
 
-    Args:
-        source_datapipe: Source.
-        weights: Split name -> weight (integers summing to ``total_length`` give exact lengths).
-        seed: Seed of the split; every split drawn with it sees the same assignment.
-        total_length: Length of the source. Default: ``None`` (``len(source_datapipe)``).
-        target: Return only this split. Default: ``None`` (a list of all splits).
+    Arguments of the call (``__new__`` returns the graph it stands for):
+
+    - ``source_datapipe``: Source.
+    - ``weights``: Split name -> weight (integers summing to ``total_length`` give exact lengths).
+    - ``seed``: Seed of the split; every split drawn with it sees the same assignment.
+    - ``total_length``: Length of the source. Default: ``None`` (``len(source_datapipe)``).
+    - ``target``: Return only this split. Default: ``None`` (a list of all splits).
 
     Raises:
         TypeError: The source has no length and ``total_length`` is not given.

@@ -293,14 +293,15 @@ def _find_holder(graph: dict[Any, Any]) -> TorchdataCacheHolder | None:
 class EndOnDiskCacheHolderIterDataPipe(IterDataPipe[str]):
     """Write the results traced since ``on_disk_cache(filepath_fn=...)`` to files and yield their paths (functional name: ``end_caching``).
 
-    Args:
-        datapipe: Yields ``(path or metadata, data or stream)``; the graph holds an
-            ``on_disk_cache`` called with 0.9's arguments.
-        mode: Write mode (``"wb"``, or ``"w"``/``"t"`` for text). Default: ``"wb"``.
-        filepath_fn: Metadata -> file path. Default: ``None`` (the metadata is the path).
-        same_filepath_fn: Use the ``filepath_fn`` of ``on_disk_cache``. Default: ``False``.
-        skip_read: Data is already bytes/str, do not read it as a stream. Default: ``False``.
-        timeout: Seconds to wait for a file another process is writing. Default: ``300``.
+    Arguments of the call (``__new__`` returns the graph it stands for):
+
+    - ``datapipe``: Yields ``(path or metadata, data or stream)``; the graph holds an
+      ``on_disk_cache`` called with 0.9's arguments.
+    - ``mode``: Write mode (``"wb"``, or ``"w"``/``"t"`` for text). Default: ``"wb"``.
+    - ``filepath_fn``: Metadata -> file path. Default: ``None`` (the metadata is the path).
+    - ``same_filepath_fn``: Use the ``filepath_fn`` of ``on_disk_cache``. Default: ``False``.
+    - ``skip_read``: Data is already bytes/str, do not read it as a stream. Default: ``False``.
+    - ``timeout``: Seconds to wait for a file another process is writing. Default: ``300``.
 
     Raises:
         RuntimeError: No ``on_disk_cache`` in the graph, or ``end_caching`` called twice.

@@ -308,14 +308,15 @@ def _put(item: Any, res: Any, input_col: Any, output_col: Any) -> Any:
 class BatchAsyncMapperIterDataPipe(IterDataPipe[Any]):
     """Apply a coroutine function to items concurrently, ``batch_size`` at a time (functional name: ``async_map_batches``).
 
-    Args:
-        source_datapipe: Source.
-        async_fn: An ``async def`` function.
-        batch_size: Items whose calls run concurrently.
-        input_col: Column(s) passed to ``async_fn``. Default: ``None`` (whole items).
-        output_col: Where the result goes (``-1`` appends). Default: ``None`` (replaces ``input_col``).
-        max_concurrency: Calls running at once. Default: ``32``.
-        flatten: Yield items rather than batches. Default: ``True``.
+    Arguments of the call (``__new__`` returns the graph it stands for):
+
+    - ``source_datapipe``: Source.
+    - ``async_fn``: An ``async def`` function.
+    - ``batch_size``: Items whose calls run concurrently.
+    - ``input_col``: Column(s) passed to ``async_fn``. Default: ``None`` (whole items).
+    - ``output_col``: Where the result goes (``-1`` appends). Default: ``None`` (replaces ``input_col``).
+    - ``max_concurrency``: Calls running at once. Default: ``32``.
+    - ``flatten``: Yield items rather than batches. Default: ``True``.
     """
 
     def __new__(  # type: ignore[misc]

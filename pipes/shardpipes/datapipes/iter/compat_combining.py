@@ -202,10 +202,11 @@ class _RoundRobinDemux(_DemultiplexerIterDataPipe):
 class RoundRobinDemultiplexerIterDataPipe(IterDataPipe[Any]):
     """Split a DataPipe into ``num_instances`` children, dealing items in turn (functional name: ``round_robin_demux``).
 
-    Args:
-        datapipe: Source.
-        num_instances: Children returned (a list).
-        buffer_size: Items a child may hold waiting for a slower sibling. Default: ``1000``.
+    Arguments of the call (``__new__`` returns the graph it stands for):
+
+    - ``datapipe``: Source.
+    - ``num_instances``: Children returned (a list).
+    - ``buffer_size``: Items a child may hold waiting for a slower sibling. Default: ``1000``.
     """
 
     def __new__(  # type: ignore[misc]
@@ -246,11 +247,12 @@ class _UnZipper(_ForkerIterDataPipe):
 class UnZipperIterDataPipe(IterDataPipe[Any]):
     """Split a DataPipe of sequences into one child per column (functional name: ``unzip``).
 
-    Args:
-        source_datapipe: Sequences of ``sequence_length`` items.
-        sequence_length: Columns of each sequence.
-        buffer_size: Items a child may hold waiting for a slower sibling. Default: ``1000``.
-        columns_to_skip: Columns without a child. Default: ``None``.
+    Arguments of the call (``__new__`` returns the graph it stands for):
+
+    - ``source_datapipe``: Sequences of ``sequence_length`` items.
+    - ``sequence_length``: Columns of each sequence.
+    - ``buffer_size``: Items a child may hold waiting for a slower sibling. Default: ``1000``.
+    - ``columns_to_skip``: Columns without a child. Default: ``None``.
     """
 
     def __new__(  # type: ignore[misc]

@@ -51,10 +51,11 @@ class _Column(MapDataPipe[Any]):
 class UnZipperMapDataPipe(MapDataPipe[Any]):
     """Split a MapDataPipe of sequences into one MapDataPipe per column (functional name: ``unzip``).
 
-    Args:
-        source_datapipe: Items are sequences of ``sequence_length`` values.
-        sequence_length: Columns of each item.
-        columns_to_skip: Columns without an output. Default: ``None``.
+    Arguments of the call (``__new__`` returns the graph it stands for):
+
+    - ``source_datapipe``: Items are sequences of ``sequence_length`` values.
+    - ``sequence_length``: Columns of each item.
+    - ``columns_to_skip``: Columns without an output. Default: ``None``.
     """
 
     def __new__(  # type: ignore[misc]
