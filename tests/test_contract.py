@@ -117,6 +117,7 @@ FACTORIES: dict[str, Callable[[Inputs], Any]] = {
     "webdataset": _samples,
 }
 
+
 def _pairs(i: Inputs) -> Any:
     return IterableWrapper([(x, x + 100) for x in i.items])
 
@@ -198,9 +199,14 @@ FACTORIES.update(
         # torchdata 0.9 compatibility stages (issue 16)
         "add_index": lambda i: IterableWrapper([{"v": x} for x in i.items]).add_index(),
         "async_map_batches": lambda i: IterableWrapper(i.items).async_map_batches(_async_double, 3),
-        "bucketbatch": lambda i: IterableWrapper(i.items).bucketbatch(3, sort_key=sorted).map(sorted),
+        "bucketbatch": lambda i: (
+            IterableWrapper(i.items).bucketbatch(3, sort_key=sorted).map(sorted)
+        ),
         "check_hash": lambda i: IterableWrapper([(f"{x}", b"x") for x in i.items]).check_hash(
-            {f"{x}": "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881" for x in i.items}
+            {
+                f"{x}": "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"
+                for x in i.items
+            }
         ),
         "decompress": lambda i: _compressed(i, ".xz", _lzma.open).decompress().map(_read_second),
         "drop": lambda i: _pairs(i).drop(0),
@@ -212,28 +218,40 @@ FACTORIES.update(
         "flatten": lambda i: IterableWrapper([(x, (x, x)) for x in i.items]).flatten(),
         "in_memory_cache": lambda i: IterableWrapper(i.items).in_memory_cache(),
         "lines_to_paragraphs": lambda i: _lines(i).readlines().lines_to_paragraphs(),
-        "load_from_bz2": lambda i: _compressed(i, ".bz2", _bz2.open).load_from_bz2().map(_read_second),
+        "load_from_bz2": lambda i: (
+            _compressed(i, ".bz2", _bz2.open).load_from_bz2().map(_read_second)
+        ),
         "load_from_tfrecord": lambda i: _tfrecords(i).load_from_tfrecord(),
-        "load_from_xz": lambda i: _compressed(i, ".xz", _lzma.open).load_from_xz().map(_read_second),
+        "load_from_xz": lambda i: (
+            _compressed(i, ".xz", _lzma.open).load_from_xz().map(_read_second)
+        ),
         "load_from_zip": lambda i: _zip_files(i).load_from_zip().map(_read_second),
         "map_batches": lambda i: IterableWrapper(i.items).map_batches(_first, 3),
-        "max_token_bucketize": lambda i: IterableWrapper([[0] * (x % 4 + 1) for x in i.items]).max_token_bucketize(4),
+        "max_token_bucketize": lambda i: IterableWrapper(
+            [[0] * (x % 4 + 1) for x in i.items]
+        ).max_token_bucketize(4),
         "mux_longest": lambda i: IterableWrapper(i.items).mux_longest(IterableWrapper(i.items[:3])),
         "parse_csv": lambda i: _lines(i).parse_csv().map(_to_tuple),
         "parse_csv_as_dict": lambda i: _lines(i).parse_csv_as_dict(fieldnames=["k", "v"]),
         "parse_json_files": lambda i: _json_files(i).parse_json_files(),
-        "random_split": lambda i: IterableWrapper(i.items).random_split({"a": 1, "b": 1}, seed=3, target="a"),
+        "random_split": lambda i: IterableWrapper(i.items).random_split(
+            {"a": 1, "b": 1}, seed=3, target="a"
+        ),
         "readlines": lambda i: _lines(i).readlines(),
         "repeat": lambda i: IterableWrapper(i.items).repeat(2),
         "round_robin_demux": lambda i: IterableWrapper(i.items).round_robin_demux(2)[0],
-        "rows2columnar": lambda i: IterableWrapper(i.items).batch(3).map(_rows).rows2columnar().map(dict),
+        "rows2columnar": lambda i: (
+            IterableWrapper(i.items).batch(3).map(_rows).rows2columnar().map(dict)
+        ),
         "save_to_disk": lambda i: IterableWrapper(
             [(os.path.join(i.out_dir, f"{x}.txt"), str(x)) for x in i.items]
         ).save_to_disk(),
-        "sharding_round_robin_dispatch": lambda i: IterableWrapper(i.items).sharding_round_robin_dispatch(
-            SHARDING_PRIORITIES.MULTIPROCESSING
+        "sharding_round_robin_dispatch": lambda i: IterableWrapper(
+            i.items
+        ).sharding_round_robin_dispatch(SHARDING_PRIORITIES.MULTIPROCESSING),
+        "shuffled_flatmap": lambda i: (
+            IterableWrapper(i.items).shuffled_flatmap(_as_list).set_seed(5)
         ),
-        "shuffled_flatmap": lambda i: IterableWrapper(i.items).shuffled_flatmap(_as_list).set_seed(5),
         "slice": lambda i: _pairs(i).slice(1),
         "to_map_datapipe": lambda i: _pairs(i).to_map_datapipe().to_iter_datapipe(sorted(i.items)),
         "unzip": lambda i: _pairs(i).unzip(2)[1],
@@ -241,7 +259,9 @@ FACTORIES.update(
         "zip_with_iter": lambda i: IterableWrapper(i.items).zip_with_iter(
             IterableWrapper(list(reversed(i.items))), _identity
         ),
-        "zip_with_map": lambda i: _pairs(i).zip_with_map(SequenceWrapper({x: -x for x in i.items}), _by_key),
+        "zip_with_map": lambda i: _pairs(i).zip_with_map(
+            SequenceWrapper({x: -x for x in i.items}), _by_key
+        ),
     }
 )
 

@@ -6,14 +6,22 @@ import fsspec
 import pytest
 
 from servers import HTTPServerHandle, S3Env
-from shardpipes.datapipes.iter import HttpReader, IterableWrapper, OnlineReader, S3FileLister, S3FileLoader
+from shardpipes.datapipes.iter import (
+    HttpReader,
+    IterableWrapper,
+    OnlineReader,
+    S3FileLister,
+    S3FileLoader,
+)
 
 
 @pytest.mark.http
 def test_http_reader_and_online_reader_stream_the_body(http_server: HTTPServerHandle):
     url = http_server.add("a.bin", b"hello http")
     assert [(u, s.read()) for u, s in HttpReader(IterableWrapper([url]))] == [(url, b"hello http")]
-    assert [s.read() for _, s in IterableWrapper([url]).read_from_remote(timeout=30)] == [b"hello http"]
+    assert [s.read() for _, s in IterableWrapper([url]).read_from_remote(timeout=30)] == [
+        b"hello http"
+    ]
 
 
 @pytest.mark.http

@@ -88,7 +88,9 @@ def test_csv_lines_json_and_paragraphs():
     assert list(files.parse_csv(as_tuple=True)) == [("a", "1"), ("b", "2")]
     lines = IterableWrapper([("g", io.BytesIO(b"x\r\n\r\ny\nz"))]).readlines(decode=True)
     assert list(lines.lines_to_paragraphs()) == [("g", "x"), ("g", "y\nz")]
-    assert list(IterableWrapper([("j", io.StringIO('{"k": [1]}'))]).parse_json_files()) == [("j", {"k": [1]})]
+    assert list(IterableWrapper([("j", io.StringIO('{"k": [1]}'))]).parse_json_files()) == [
+        ("j", {"k": [1]})
+    ]
 
 
 def test_check_hash_rejects_a_wrong_digest_naming_the_file():
@@ -103,7 +105,9 @@ def test_zip_xz_bz2_yield_readable_streams(tmp_path):
     (tmp_path / "x.txt.xz").write_bytes(lzma.compress(b"xz!"))
     (tmp_path / "y.txt.bz2").write_bytes(bz2.compress(b"bz!"))
     opened = IterableWrapper([str(zpath)]).open_files(mode="b")
-    assert [(p.endswith("d.zip/in/m.txt"), s.read()) for p, s in opened.load_from_zip()] == [(True, b"zip!")]
+    assert [(p.endswith("d.zip/in/m.txt"), s.read()) for p, s in opened.load_from_zip()] == [
+        (True, b"zip!")
+    ]
     xz = IterableWrapper([str(tmp_path / "x.txt.xz")]).open_files(mode="b").load_from_xz()
     assert [(p.endswith("x.txt"), s.read()) for p, s in xz] == [(True, b"xz!")]
     bz = IterableWrapper([str(tmp_path / "y.txt.bz2")]).open_files(mode="b").decompress()
@@ -121,12 +125,17 @@ def _field(number: int, body: bytes) -> bytes:
 def test_tfrecord_reads_an_example_without_protobuf():
     ints = _field(3, _field(1, bytes([1, 2, 3])))  # Int64List, packed
     raw = _field(1, _field(1, b"ab"))  # BytesList
-    features = _field(1, _field(1, b"n") + _field(2, ints)) + _field(1, _field(1, b"s") + _field(2, raw))
+    features = _field(1, _field(1, b"n") + _field(2, ints)) + _field(
+        1, _field(1, b"s") + _field(2, raw)
+    )
     stream = io.BytesIO(_record(_field(1, features)))
     (example,) = TFRecordLoader(IterableWrapper([("r.tfrecord", stream)]))
     assert torch.equal(example["n"], torch.tensor([1, 2, 3])) and example["s"] == [b"ab"]
     truncated = io.BytesIO(_record(b"")[:10])
-    with pytest.warns(UserWarning, match="r.tfrecord"), pytest.raises(RuntimeError, match="start token"):
+    with (
+        pytest.warns(UserWarning, match="r.tfrecord"),
+        pytest.raises(RuntimeError, match="start token"),
+    ):
         list(TFRecordLoader(IterableWrapper([("r.tfrecord", truncated)])))
 
 

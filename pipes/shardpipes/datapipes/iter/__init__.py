@@ -94,30 +94,50 @@ from torch.utils.data.datapipes.iter import RoutedDecoder
 from shardpipes.datapipes.iter.compat_archives import Bz2FileLoaderIterDataPipe as Bz2FileLoader
 from shardpipes.datapipes.iter.compat_archives import DecompressorIterDataPipe as Decompressor
 from shardpipes.datapipes.iter.compat_archives import ExtractorIterDataPipe as Extractor
-from shardpipes.datapipes.iter.compat_archives import RarArchiveLoaderIterDataPipe as RarArchiveLoader
+from shardpipes.datapipes.iter.compat_archives import (
+    RarArchiveLoaderIterDataPipe as RarArchiveLoader,
+)
 from shardpipes.datapipes.iter.compat_archives import XzFileLoaderIterDataPipe as XzFileLoader
-from shardpipes.datapipes.iter.compat_archives import ZipArchiveLoaderIterDataPipe as ZipArchiveLoader
+from shardpipes.datapipes.iter.compat_archives import (
+    ZipArchiveLoaderIterDataPipe as ZipArchiveLoader,
+)
 from shardpipes.datapipes.iter.compat_bucket import BucketBatcherIterDataPipe as BucketBatcher
-from shardpipes.datapipes.iter.compat_bucket import MaxTokenBucketizerIterDataPipe as MaxTokenBucketizer
+from shardpipes.datapipes.iter.compat_bucket import (
+    MaxTokenBucketizerIterDataPipe as MaxTokenBucketizer,
+)
 from shardpipes.datapipes.iter.compat_bucket import RandomSplitterIterDataPipe as RandomSplitter
-from shardpipes.datapipes.iter.compat_cache import EndOnDiskCacheHolderIterDataPipe as EndOnDiskCacheHolder
-from shardpipes.datapipes.iter.compat_callable import BatchAsyncMapperIterDataPipe as BatchAsyncMapper
+from shardpipes.datapipes.iter.compat_cache import (
+    EndOnDiskCacheHolderIterDataPipe as EndOnDiskCacheHolder,
+)
+from shardpipes.datapipes.iter.compat_callable import (
+    BatchAsyncMapperIterDataPipe as BatchAsyncMapper,
+)
 from shardpipes.datapipes.iter.compat_callable import BatchMapperIterDataPipe as BatchMapper
 from shardpipes.datapipes.iter.compat_callable import FlatMapperIterDataPipe as FlatMapper
-from shardpipes.datapipes.iter.compat_callable import ShuffledFlatMapperIterDataPipe as ShuffledFlatMapper
+from shardpipes.datapipes.iter.compat_callable import (
+    ShuffledFlatMapperIterDataPipe as ShuffledFlatMapper,
+)
 from shardpipes.datapipes.iter.compat_columns import DropperIterDataPipe as Dropper
 from shardpipes.datapipes.iter.compat_columns import EnumeratorIterDataPipe as Enumerator
 from shardpipes.datapipes.iter.compat_columns import FlattenIterDataPipe as Flattener
 from shardpipes.datapipes.iter.compat_columns import IndexAdderIterDataPipe as IndexAdder
-from shardpipes.datapipes.iter.compat_columns import InMemoryCacheHolderIterDataPipe as InMemoryCacheHolder
+from shardpipes.datapipes.iter.compat_columns import (
+    InMemoryCacheHolderIterDataPipe as InMemoryCacheHolder,
+)
 from shardpipes.datapipes.iter.compat_columns import RepeaterIterDataPipe as Repeater
 from shardpipes.datapipes.iter.compat_columns import Rows2ColumnarIterDataPipe as Rows2Columnar
 from shardpipes.datapipes.iter.compat_columns import SliceIterDataPipe as Slicer
 from shardpipes.datapipes.iter.compat_combining import IterKeyZipperIterDataPipe as IterKeyZipper
 from shardpipes.datapipes.iter.compat_combining import MapKeyZipperIterDataPipe as MapKeyZipper
-from shardpipes.datapipes.iter.compat_combining import MultiplexerLongestIterDataPipe as MultiplexerLongest
-from shardpipes.datapipes.iter.compat_combining import RoundRobinDemultiplexerIterDataPipe as RoundRobinDemultiplexer
-from shardpipes.datapipes.iter.compat_combining import SampleMultiplexerDataPipe as SampleMultiplexer
+from shardpipes.datapipes.iter.compat_combining import (
+    MultiplexerLongestIterDataPipe as MultiplexerLongest,
+)
+from shardpipes.datapipes.iter.compat_combining import (
+    RoundRobinDemultiplexerIterDataPipe as RoundRobinDemultiplexer,
+)
+from shardpipes.datapipes.iter.compat_combining import (
+    SampleMultiplexerDataPipe as SampleMultiplexer,
+)
 from shardpipes.datapipes.iter.compat_combining import (
     ShardingRoundRobinDispatcherIterDataPipe as ShardingRoundRobinDispatcher,
 )
@@ -133,21 +153,33 @@ from shardpipes.datapipes.iter.compat_text import CSVParserIterDataPipe as CSVPa
 from shardpipes.datapipes.iter.compat_text import HashCheckerIterDataPipe as HashChecker
 from shardpipes.datapipes.iter.compat_text import JsonParserIterDataPipe as JsonParser
 from shardpipes.datapipes.iter.compat_text import LineReaderIterDataPipe as LineReader
-from shardpipes.datapipes.iter.compat_text import ParagraphAggregatorIterDataPipe as ParagraphAggregator
+from shardpipes.datapipes.iter.compat_text import (
+    ParagraphAggregatorIterDataPipe as ParagraphAggregator,
+)
 from shardpipes.datapipes.iter.compat_text import SaverIterDataPipe as Saver
 from shardpipes.datapipes.iter.compat_tfrecord import TFRecordExample, TFRecordExampleSpec
 from shardpipes.datapipes.iter.compat_tfrecord import TFRecordLoaderIterDataPipe as TFRecordLoader
 from shardpipes.datapipes.iter.compat_unavailable import AISFileListerIterDataPipe as AISFileLister
 from shardpipes.datapipes.iter.compat_unavailable import AISFileLoaderIterDataPipe as AISFileLoader
-from shardpipes.datapipes.iter.compat_unavailable import DataFrameMakerIterDataPipe as DataFrameMaker
-from shardpipes.datapipes.iter.compat_unavailable import HuggingFaceHubReaderIterDataPipe as HuggingFaceHubReader
-from shardpipes.datapipes.iter.compat_unavailable import IoPathFileListerIterDataPipe as IoPathFileLister
-from shardpipes.datapipes.iter.compat_unavailable import IoPathFileOpenerIterDataPipe as IoPathFileOpener
+from shardpipes.datapipes.iter.compat_unavailable import (
+    DataFrameMakerIterDataPipe as DataFrameMaker,
+)
+from shardpipes.datapipes.iter.compat_unavailable import (
+    HuggingFaceHubReaderIterDataPipe as HuggingFaceHubReader,
+)
+from shardpipes.datapipes.iter.compat_unavailable import (
+    IoPathFileListerIterDataPipe as IoPathFileLister,
+)
+from shardpipes.datapipes.iter.compat_unavailable import (
+    IoPathFileOpenerIterDataPipe as IoPathFileOpener,
+)
 from shardpipes.datapipes.iter.compat_unavailable import IoPathSaverIterDataPipe as IoPathSaver
-from shardpipes.datapipes.iter.compat_unavailable import ParquetDFLoaderIterDataPipe as ParquetDataFrameLoader
+from shardpipes.datapipes.iter.compat_unavailable import (
+    ParquetDFLoaderIterDataPipe as ParquetDataFrameLoader,
+)
 from shardpipes.datapipes.map.converter import MapToIterConverterIterDataPipe as MapToIterConverter
 
-__all__ += [  # noqa: PLE0605 - appended block of 0.9 names, sorted within itself
+__all__ += [
     "AISFileLister",
     "AISFileLoader",
     "BatchAsyncMapper",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes._hook_iterator import _SnapshotState
@@ -54,6 +54,7 @@ class InBatchShufflerIterDataPipe(StageIterDataPipe[list[T]]):
         return self.source_datapipe
 
     def reset(self) -> None:
+        """Reseed at the start of an iteration (called by torch's iterator hook)."""
         # A graph restored from a snapshot (torch's ``_simple_graph_snapshot_restoration``)
         # continues with the pickled generator state instead of starting the epoch again.
         if getattr(self, "_snapshot_state", None) == _SnapshotState.Restored:
@@ -66,7 +67,7 @@ class InBatchShufflerIterDataPipe(StageIterDataPipe[list[T]]):
         if "_rng" in state:
             state["_rng"] = self._rng.getstate()
         if IterDataPipe.getstate_hook is not None:
-            return IterDataPipe.getstate_hook(state)
+            return cast(dict[str, Any], IterDataPipe.getstate_hook(state))
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

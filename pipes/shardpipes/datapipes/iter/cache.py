@@ -86,7 +86,10 @@ class OnDiskCacheHolderIterDataPipe(StageIterDataPipe[str]):
         [True]
     """
 
-    def __new__(cls, source_datapipe: Iterable[str] | None = None, *args: Any, **kwargs: Any) -> Any:
+    def __new__(
+        cls, source_datapipe: Iterable[str] | None = None, *args: Any, **kwargs: Any
+    ) -> Any:
+        """Build the graph this stage stands for (torchdata 0.9 built it the same way)."""
         # torchdata 0.9's form, on_disk_cache(filepath_fn=..., hash_dict=..., ...) followed by
         # end_caching(...), is another stage: dispatch on its arguments. (Unpickling calls
         # __new__ with no arguments at all.)

@@ -37,7 +37,7 @@ __all__ = [
 
 
 def _parent(stream: Any) -> StreamWrapper:
-    """torch's ``StreamWrapper(child, parent)`` wants the parent wrapped too."""
+    """Torch's ``StreamWrapper(child, parent)`` wants the parent wrapped too."""
     return stream if isinstance(stream, StreamWrapper) else StreamWrapper(stream)
 
 
@@ -78,7 +78,10 @@ class ZipArchiveLoaderIterDataPipe(_NominalLength):
                     inner = os.path.normpath(os.path.join(path, info.filename))
                     yield inner, StreamWrapper(archive.open(info), _parent(stream), name=inner)
             except Exception as exc:
-                warnings.warn(f"Unable to extract files from corrupted zipfile stream {path} due to: {exc}, abort!", stacklevel=2)
+                warnings.warn(
+                    f"Unable to extract files from corrupted zipfile stream {path} due to: {exc}, abort!",
+                    stacklevel=2,
+                )
                 raise
             finally:
                 _autoclose(stream)
@@ -102,9 +105,15 @@ class XzFileLoaderIterDataPipe(_NominalLength):
             validate_pathname_binary_tuple(pair)
             path, stream = pair
             try:
-                yield _drop_suffix(path, ".xz"), StreamWrapper(lzma.open(stream, mode="rb"), _parent(stream), name=path)
+                yield (
+                    _drop_suffix(path, ".xz"),
+                    StreamWrapper(lzma.open(stream, mode="rb"), _parent(stream), name=path),  # noqa: SIM115 - the stream outlives this frame; the StreamWrapper closes it
+                )
             except Exception as exc:
-                warnings.warn(f"Unable to extract files from corrupted xz/lzma stream {path} due to: {exc}, abort!", stacklevel=2)
+                warnings.warn(
+                    f"Unable to extract files from corrupted xz/lzma stream {path} due to: {exc}, abort!",
+                    stacklevel=2,
+                )
                 raise
             finally:
                 _autoclose(stream)
@@ -124,9 +133,15 @@ class Bz2FileLoaderIterDataPipe(_NominalLength):
             validate_pathname_binary_tuple(pair)
             path, stream = pair
             try:
-                yield _drop_suffix(path, ".bz2"), StreamWrapper(bz2.open(stream, mode="rb"), _parent(stream), name=path)
+                yield (
+                    _drop_suffix(path, ".bz2"),
+                    StreamWrapper(bz2.open(stream, mode="rb"), _parent(stream), name=path),  # noqa: SIM115 - the stream outlives this frame; the StreamWrapper closes it
+                )
             except Exception as exc:
-                warnings.warn(f"Unable to extract files from corrupted bzip2 stream {path} due to: {exc}, abort!", stacklevel=2)
+                warnings.warn(
+                    f"Unable to extract files from corrupted bzip2 stream {path} due to: {exc}, abort!",
+                    stacklevel=2,
+                )
                 raise
             finally:
                 _autoclose(stream)
@@ -211,7 +226,12 @@ class DecompressorIterDataPipe(IterDataPipe[tuple[str, Any]]):
     def __iter__(self) -> Iterator[tuple[str, Any]]:
         for path, file in self.source_datapipe:
             try:
-                yield path, StreamWrapper(_open_compressed(self._detect(path), file), _parent(file), name=path)
+                yield (
+                    path,
+                    StreamWrapper(
+                        _open_compressed(self._detect(path), file), _parent(file), name=path
+                    ),
+                )
             finally:
                 _autoclose(file)
 
@@ -225,6 +245,7 @@ class ExtractorIterDataPipe(IterDataPipe[tuple[str, Any]]):
         source_datapipe: IterDataPipe[tuple[str, Any]],
         file_type: str | CompressionType | None = None,
     ) -> DecompressorIterDataPipe:
+        """Build the graph this stage stands for (torchdata 0.9 built it the same way)."""
         return DecompressorIterDataPipe(source_datapipe, file_type)
 
 

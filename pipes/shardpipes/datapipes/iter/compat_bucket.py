@@ -7,11 +7,11 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from torch.utils.data import DataChunk, IterDataPipe
 
-from shardpipes.datapipes.iter._base import StageIterDataPipe, register
+from shardpipes.datapipes.iter._base import register
 
 __all__ = [
     "BucketBatcherIterDataPipe",
@@ -48,14 +48,23 @@ class BucketBatcherIterDataPipe(IterDataPipe[DataChunk[Any]]):
         sort_key: Callable[..., Any] | None = None,
         use_in_batch_shuffle: bool = True,
     ) -> IterDataPipe[DataChunk[Any]]:
-        for name, value in (("batch_size", batch_size), ("batch_num", batch_num), ("bucket_num", bucket_num)):
+        """Build the graph this stage stands for (torchdata 0.9 built it the same way)."""
+        for name, value in (
+            ("batch_size", batch_size),
+            ("batch_num", batch_num),
+            ("bucket_num", bucket_num),
+        ):
             if value <= 0:
                 raise ValueError(f"{name} should be larger than 0, got {value}")
         bucket_size = batch_size * batch_num
         pool_size = bucket_size * bucket_num
         if bucket_num > 1 or sort_key is None:
             if use_in_batch_shuffle:
-                datapipe = datapipe.batch(batch_size=pool_size, drop_last=False).in_batch_shuffle().unbatch()
+                datapipe = (
+                    datapipe.batch(batch_size=pool_size, drop_last=False)
+                    .in_batch_shuffle()
+                    .unbatch()
+                )
             else:
                 datapipe = datapipe.shuffle(buffer_size=pool_size)
         if sort_key is not None:
@@ -63,7 +72,11 @@ class BucketBatcherIterDataPipe(IterDataPipe[DataChunk[Any]]):
         datapipe = datapipe.batch(batch_size, drop_last=drop_last)
         if sort_key is not None:
             if use_in_batch_shuffle:
-                datapipe = datapipe.batch(batch_size=bucket_num, drop_last=False).in_batch_shuffle().unbatch()
+                datapipe = (
+                    datapipe.batch(batch_size=bucket_num, drop_last=False)
+                    .in_batch_shuffle()
+                    .unbatch()
+                )
             else:
                 datapipe = datapipe.shuffle(buffer_size=bucket_size)
         return datapipe
@@ -119,7 +132,9 @@ class MaxTokenBucketizerIterDataPipe(IterDataPipe[DataChunk[Any]]):
         if max_len is None:
             max_len = max_token_count
         if min_len < 0 or min_len > max_len:
-            raise ValueError("``min_len`` should be larger than 0 and equal to or smaller than ``max_len``.")
+            raise ValueError(
+                "``min_len`` should be larger than 0 and equal to or smaller than ``max_len``."
+            )
         if max_len > max_token_count:
             raise ValueError("``max_token_count`` must be equal to or greater than ``max_len``.")
         if buffer_size <= 0:
@@ -170,7 +185,11 @@ class _RandomSplitter(IterDataPipe[Any]):
     """Shared state of the splits: each sample is assigned by a draw weighted by what is left."""
 
     def __init__(
-        self, source_datapipe: IterDataPipe[Any], total_length: int, weights: dict[Any, float], seed: Any
+        self,
+        source_datapipe: IterDataPipe[Any],
+        total_length: int,
+        weights: dict[Any, float],
+        seed: Any,
     ) -> None:
         self.source_datapipe = source_datapipe
         self.total_length = total_length
@@ -218,7 +237,7 @@ class _RandomSplitter(IterDataPipe[Any]):
         state = self.__dict__.copy()
         state["_rng"] = self._rng.getstate()
         if IterDataPipe.getstate_hook is not None:
-            return IterDataPipe.getstate_hook(state)
+            return cast(dict[str, Any], IterDataPipe.getstate_hook(state))
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -270,7 +289,7 @@ class RandomSplitterIterDataPipe(IterDataPipe[Any]):
         KeyError: ``target`` is not a key of ``weights``.
     """
 
-    def __new__(  # type: ignore[misc]
+    def __new__(
         cls,
         source_datapipe: IterDataPipe[Any],
         weights: dict[Any, int | float],
@@ -278,9 +297,10 @@ class RandomSplitterIterDataPipe(IterDataPipe[Any]):
         total_length: int | None = None,
         target: Any = None,
     ) -> Any:
+        """Build the graph this stage stands for (torchdata 0.9 built it the same way)."""
         if total_length is None:
             try:
-                total_length = len(source_datapipe)  # type: ignore[arg-type]
+                total_length = len(source_datapipe)
             except TypeError:
                 raise TypeError(
                     "RandomSplitter needs `total_length`, but it is unable to infer it from the "

@@ -72,7 +72,9 @@ def _classify(
 ) -> int:
     path = item if filepath_fn is None else filepath_fn(item)
     if not isinstance(path, str):
-        raise TypeError(f"on_disk_cache: filepath_fn must return one str path, got {path!r} for {item!r}")
+        raise TypeError(
+            f"on_disk_cache: filepath_fn must return one str path, got {path!r} for {item!r}"
+        )
     if os.path.exists(_list_file(path)):
         return _CACHED_LIST
     if (
@@ -169,7 +171,6 @@ class _MemoryCell(IterDataPipe[Any]):
             yield item
 
 
-
 class _ListedFiles(IterDataPipe[tuple[str, str]]):
     def __init__(self, source_datapipe: IterDataPipe[str]) -> None:
         self.source_datapipe = source_datapipe
@@ -188,7 +189,11 @@ class WaitPendingCacheItemIterDataPipe(IterDataPipe[Any]):
     """
 
     def __init__(
-        self, source_datapipe: IterDataPipe[Any], timeout: float = 300, input_col: Any = None, cache_uuid: Any = None
+        self,
+        source_datapipe: IterDataPipe[Any],
+        timeout: float = 300,
+        input_col: Any = None,
+        cache_uuid: Any = None,
     ) -> None:
         self.source_datapipe = source_datapipe
         self.timeout = timeout
@@ -196,6 +201,7 @@ class WaitPendingCacheItemIterDataPipe(IterDataPipe[Any]):
         self.cache_uuid = cache_uuid
 
     def set_timeout(self, timeout: float) -> None:
+        """Set how long to wait for a file another process is writing (``CacheTimeout``)."""
         self.timeout = timeout
 
     def __iter__(self) -> Iterator[Any]:
@@ -217,7 +223,9 @@ class WaitPendingCacheItemIterDataPipe(IterDataPipe[Any]):
 class _FulfilledPromises(IterDataPipe[str]):
     """Pass written paths through; delete a source item's promise once all its files are written."""
 
-    def __init__(self, source_datapipe: IterDataPipe[str], cell: _MemoryCell, holder: TorchdataCacheHolder) -> None:
+    def __init__(
+        self, source_datapipe: IterDataPipe[str], cell: _MemoryCell, holder: TorchdataCacheHolder
+    ) -> None:
         self.source_datapipe = source_datapipe
         self.cell = cell
         self.holder = holder
@@ -243,13 +251,17 @@ class _FulfilledPromises(IterDataPipe[str]):
         try:
             for path in self.source_datapipe:
                 if not self.cell.recent:
-                    raise RuntimeError(f"end_caching: {path} was written but no source item is pending")
+                    raise RuntimeError(
+                        f"end_caching: {path} was written but no source item is pending"
+                    )
                 rec_id, item = self.cell.recent[-1]
                 original = self._original(item)
                 if original != path:  # one source item -> several files: list them
                     many = True
                     if one:
-                        raise RuntimeError("Disovered different keys when one-to-one mode previously assumed")
+                        raise RuntimeError(
+                            "Disovered different keys when one-to-one mode previously assumed"
+                        )
                     with open(_list_file(original), "a") as f:
                         f.write(f"{path}\n")
                 else:
@@ -317,16 +329,23 @@ class EndOnDiskCacheHolderIterDataPipe(IterDataPipe[str]):
         skip_read: bool = False,
         timeout: float = 300,
     ) -> IterDataPipe[str]:
+        """Build the graph this stage stands for (torchdata 0.9 built it the same way)."""
         if filepath_fn is not None and same_filepath_fn:
             raise ValueError("`filepath_fn` is mutually exclusive with `same_filepath_fn`")
         holder = _find_holder(traverse_dps(datapipe))
         if holder is None:
-            raise RuntimeError("Expected `OnDiskCacheHolder` existing in pipeline when `end_caching` is invoked")
+            raise RuntimeError(
+                "Expected `OnDiskCacheHolder` existing in pipeline when `end_caching` is invoked"
+            )
         if holder._end_caching_flag:
             raise RuntimeError("`end_caching` can only be invoked once per `OnDiskCacheHolder`")
         cached, listed = holder._end_caching()
-        cached = WaitPendingCacheItemIterDataPipe(cached, timeout=timeout, cache_uuid=holder.cache_uuid)
-        listed = WaitPendingCacheItemIterDataPipe(listed, timeout=timeout, input_col=0, cache_uuid=holder.cache_uuid)
+        cached = WaitPendingCacheItemIterDataPipe(
+            cached, timeout=timeout, cache_uuid=holder.cache_uuid
+        )
+        listed = WaitPendingCacheItemIterDataPipe(
+            listed, timeout=timeout, input_col=0, cache_uuid=holder.cache_uuid
+        )
         if same_filepath_fn:
             filepath_fn = holder.filepath_fn
         todo: IterDataPipe[Any] = datapipe

@@ -10,7 +10,7 @@ import asyncio
 import inspect
 import random
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 from torch.utils.data import IterDataPipe
@@ -68,7 +68,11 @@ class BatchMapperIterDataPipe(StageIterDataPipe[T]):
     """
 
     def __init__(
-        self, datapipe: IterDataPipe[Any], fn: Callable[..., Any], batch_size: int, input_col: Any = None
+        self,
+        datapipe: IterDataPipe[Any],
+        fn: Callable[..., Any],
+        batch_size: int,
+        input_col: Any = None,
     ) -> None:
         _check_unpickable_fn(fn)
         if batch_size <= 0:
@@ -121,7 +125,10 @@ class FlatMapperIterDataPipe(StageIterDataPipe[T]):
     """
 
     def __init__(
-        self, datapipe: IterDataPipe[Any], fn: Callable[..., Any] | None = None, input_col: Any = None
+        self,
+        datapipe: IterDataPipe[Any],
+        fn: Callable[..., Any] | None = None,
+        input_col: Any = None,
     ) -> None:
         fn = _identity if fn is None else fn
         _check_unpickable_fn(fn)
@@ -175,14 +182,17 @@ class ShuffledFlatMapperIterDataPipe(StageIterDataPipe[T]):
         self._rng = random.Random()
 
     def set_shuffle(self, shuffle: bool = True) -> ShuffledFlatMapperIterDataPipe[T]:
+        """Turn shuffling on or off (called by ``apply_shuffle_settings``)."""
         self._enabled = shuffle
         return self
 
     def set_seed(self, seed: int) -> ShuffledFlatMapperIterDataPipe[T]:
+        """Seed the next iteration (called by reading services)."""
         self._seed = seed
         return self
 
     def reset(self) -> None:
+        """Reseed at the start of an iteration (called by torch's iterator hook)."""
         if self._enabled:
             # A seed set by set_seed (the loader's, per epoch) stays until the next set_seed.
             self._rng.seed(_seed_from_torch() if self._seed is None else self._seed)
@@ -200,7 +210,7 @@ class ShuffledFlatMapperIterDataPipe(StageIterDataPipe[T]):
                 try:
                     yield next(buffer[idx])
                     idx = rng.randint(0, size - 1)
-                except StopIteration:
+                except StopIteration:  # noqa: PERF203 - StopIteration ends one buffered iterator
                     buffer.pop(idx)
             buffer.append(iter(_call(self.fn, item, self.input_col)))
         while buffer:
@@ -219,7 +229,7 @@ class ShuffledFlatMapperIterDataPipe(StageIterDataPipe[T]):
         state = self.__dict__.copy()
         state["_rng"] = self._rng.getstate()
         if IterDataPipe.getstate_hook is not None:
-            return IterDataPipe.getstate_hook(state)
+            return cast(dict[str, Any], IterDataPipe.getstate_hook(state))
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -280,10 +290,12 @@ class _AsyncBatchMapper(StageIterDataPipe[list[Any]]):
         results = await asyncio.gather(*(one(item) for item in batch))
         if col is None:
             return list(results)
-        return [_put(item, res, col, self.output_col) for item, res in zip(batch, results)]
+        return [
+            _put(item, res, col, self.output_col) for item, res in zip(batch, results, strict=True)
+        ]
 
     def __len__(self) -> int:
-        return len(self.source_datapipe)  # type: ignore[arg-type]
+        return len(self.source_datapipe)
 
 
 def _put(item: Any, res: Any, input_col: Any, output_col: Any) -> Any:
@@ -329,13 +341,14 @@ class BatchAsyncMapperIterDataPipe(IterDataPipe[Any]):
         max_concurrency: int = 32,
         flatten: bool = True,
     ) -> IterDataPipe[Any]:
+        """Build the graph this stage stands for (torchdata 0.9 built it the same way)."""
         dp: IterDataPipe[Any] = _AsyncBatchMapper(
             source_datapipe.batch(batch_size), async_fn, input_col, output_col, max_concurrency
         )
         if flatten:
             dp = FlatMapperIterDataPipe(dp)
             try:
-                length = len(source_datapipe)  # type: ignore[arg-type]
+                length = len(source_datapipe)
             except (TypeError, NotImplementedError):
                 length = -1
             if isinstance(length, int) and length >= 0:

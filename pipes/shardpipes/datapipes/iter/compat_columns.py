@@ -10,7 +10,7 @@ import sys
 import warnings
 from collections import defaultdict, deque
 from collections.abc import Hashable, Iterator, Sized
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from torch.utils.data import IterDataPipe
 
@@ -136,7 +136,7 @@ class SliceIterDataPipe(StageIterDataPipe[T]):
                 if keep is not None:
                     new: Any = type(item)(x for i, x in enumerate(item) if i in keep)
                 else:
-                    new = item[index : self.stop : self.step]  # type: ignore[misc]
+                    new = item[cast(Any, index) : self.stop : self.step]
             elif isinstance(item, dict):
                 if keep is not None:
                     new = {k: v for k, v in item.items() if k in keep}
@@ -232,7 +232,7 @@ class EnumeratorIterDataPipe(StageIterDataPipe[tuple[int, T]]):
         yield from enumerate(self.source_datapipe, self.starting_index)
 
     def __len__(self) -> int:
-        return len(self.source_datapipe)  # type: ignore[arg-type]
+        return len(self.source_datapipe)
 
 
 @register("add_index")
@@ -248,19 +248,23 @@ class IndexAdderIterDataPipe(StageIterDataPipe[dict[Any, Any]]):
         [{'a': 1, 'i': 0}]
     """
 
-    def __init__(self, source_datapipe: IterDataPipe[dict[Any, Any]], index_name: str = "index") -> None:
+    def __init__(
+        self, source_datapipe: IterDataPipe[dict[Any, Any]], index_name: str = "index"
+    ) -> None:
         self.source_datapipe = source_datapipe
         self.index_name = index_name
 
     def __iter__(self) -> Iterator[dict[Any, Any]]:
         for i, row in enumerate(self.source_datapipe):
             if not isinstance(row, dict):
-                raise NotImplementedError("We only support adding index to row or batch in dict type")
+                raise NotImplementedError(
+                    "We only support adding index to row or batch in dict type"
+                )
             row[self.index_name] = i
             yield row
 
     def __len__(self) -> int:
-        return len(self.source_datapipe)  # type: ignore[arg-type]
+        return len(self.source_datapipe)
 
 
 @register("rows2columnar")
@@ -297,7 +301,7 @@ class Rows2ColumnarIterDataPipe(StageIterDataPipe[dict[str, list[Any]]]):
             yield columns
 
     def __len__(self) -> int:
-        return len(self.source_datapipe)  # type: ignore[arg-type]
+        return len(self.source_datapipe)
 
 
 @register("repeat")
@@ -325,7 +329,7 @@ class RepeaterIterDataPipe(StageIterDataPipe[T]):
                 yield item
 
     def __len__(self) -> int:
-        return self.times * len(self.source_datapipe)  # type: ignore[arg-type]
+        return self.times * len(self.source_datapipe)
 
 
 @register("in_memory_cache")
@@ -371,7 +375,7 @@ class InMemoryCacheHolderIterDataPipe(StageIterDataPipe[T]):
 
     def __len__(self) -> int:
         try:
-            return len(self.source_dp)  # type: ignore[arg-type]
+            return len(self.source_dp)
         except TypeError:
             if self.cache:
                 return self.idx + len(self.cache)

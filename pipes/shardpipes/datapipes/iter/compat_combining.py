@@ -126,7 +126,7 @@ class IterKeyZipperIterDataPipe(StageIterDataPipe[Any]):
             buffer.clear()
 
     def __len__(self) -> int:
-        return len(self.source_datapipe)  # type: ignore[arg-type]
+        return len(self.source_datapipe)
 
 
 @register("zip_with_map")
@@ -178,7 +178,7 @@ class MapKeyZipperIterDataPipe(StageIterDataPipe[Any]):
             yield (key, res) if self.keep_key else res
 
     def __len__(self) -> int:
-        return len(self.source_iterdatapipe)  # type: ignore[arg-type]
+        return len(self.source_iterdatapipe)
 
 
 def _drop_index(pair: tuple[int, Any]) -> Any:
@@ -187,7 +187,9 @@ def _drop_index(pair: tuple[int, Any]) -> Any:
 
 class _RoundRobinDemux(_DemultiplexerIterDataPipe):
     def __init__(self, datapipe: IterDataPipe[Any], num_instances: int, buffer_size: int) -> None:
-        super().__init__(datapipe, num_instances, self._classify, drop_none=False, buffer_size=buffer_size)
+        super().__init__(
+            datapipe, num_instances, self._classify, drop_none=False, buffer_size=buffer_size
+        )
 
     def _classify(self, pair: tuple[int, Any]) -> int:
         return pair[0] % self.num_instances
@@ -212,6 +214,7 @@ class RoundRobinDemultiplexerIterDataPipe(IterDataPipe[Any]):
     def __new__(  # type: ignore[misc]
         cls, datapipe: IterDataPipe[Any], num_instances: int, buffer_size: int = 1000
     ) -> list[IterDataPipe[Any]]:
+        """Build the graph this stage stands for (torchdata 0.9 built it the same way)."""
         if num_instances < 1:
             raise ValueError(f"Expected `num_instaces` larger than 0, but {num_instances} is found")
         if num_instances == 1:
@@ -221,12 +224,14 @@ class RoundRobinDemultiplexerIterDataPipe(IterDataPipe[Any]):
                 stacklevel=2,
             )
             return [datapipe]
-        container = _RoundRobinDemux(datapipe.enumerate(), num_instances, buffer_size)
+        container = _RoundRobinDemux(datapipe.enumerate(), num_instances, buffer_size)  # type: ignore[abstract]
         return [_ChildDataPipe(container, i).map(_drop_index) for i in range(num_instances)]
 
 
 class _UnZipper(_ForkerIterDataPipe):
-    def __init__(self, datapipe: IterDataPipe[Any], instance_ids: list[int], buffer_size: int) -> None:
+    def __init__(
+        self, datapipe: IterDataPipe[Any], instance_ids: list[int], buffer_size: int
+    ) -> None:
         super().__init__(datapipe, len(instance_ids), buffer_size)
         self.instance_ids = instance_ids
 
@@ -236,10 +241,10 @@ class _UnZipper(_ForkerIterDataPipe):
             yield item[column]
 
     def __getstate__(self) -> Any:
-        return (*super().__getstate__(), self.instance_ids)
+        return (*super().__getstate__(), self.instance_ids)  # type: ignore[no-untyped-call]
 
     def __setstate__(self, state: Any) -> None:
-        super().__setstate__(state[:-1])
+        super().__setstate__(state[:-1])  # type: ignore[no-untyped-call]
         self.instance_ids = state[-1]
 
 
@@ -262,6 +267,7 @@ class UnZipperIterDataPipe(IterDataPipe[Any]):
         buffer_size: int = 1000,
         columns_to_skip: Sequence[int] | None = None,
     ) -> list[IterDataPipe[Any]]:
+        """Build the graph this stage stands for (torchdata 0.9 built it the same way)."""
         skips = set(columns_to_skip or ())
         instance_ids = [i for i in range(sequence_length) if i not in skips]
         if not instance_ids:
@@ -269,7 +275,7 @@ class UnZipperIterDataPipe(IterDataPipe[Any]):
                 "All instances are being filtered out in UnZipperIterDataPipe. Please check"
                 "the input `sequence_length` and `columns_to_skip`."
             )
-        container = _UnZipper(source_datapipe, instance_ids, buffer_size)
+        container = _UnZipper(source_datapipe, instance_ids, buffer_size)  # type: ignore[abstract]
         return [_ChildDataPipe(container, i) for i in range(len(instance_ids))]
 
 
@@ -293,12 +299,12 @@ class MultiplexerLongestIterDataPipe(StageIterDataPipe[Any]):
             for i in list(live):
                 try:
                     yield next(iterators[i])
-                except StopIteration:
+                except StopIteration:  # noqa: PERF203 - StopIteration retires one source
                     live.remove(i)
 
     def __len__(self) -> int:
         if all(isinstance(dp, Sized) for dp in self.datapipes):
-            return sum(len(dp) for dp in self.datapipes)  # type: ignore[arg-type]
+            return sum(len(dp) for dp in self.datapipes)
         raise TypeError(f"{type(self).__name__} instance doesn't have valid length")
 
 
@@ -339,7 +345,7 @@ class ZipperLongestIterDataPipe(StageIterDataPipe[tuple[Any, ...]]):
 
     def __len__(self) -> int:
         if all(isinstance(dp, Sized) for dp in self.datapipes):
-            return max(len(dp) for dp in self.datapipes)  # type: ignore[arg-type]
+            return max(len(dp) for dp in self.datapipes)
         raise TypeError(f"{type(self).__name__} instance doesn't have valid length")
 
 
@@ -384,7 +390,7 @@ class SampleMultiplexerDataPipe(StageIterDataPipe[Any]):
 
     def __len__(self) -> int:
         if all(isinstance(dp, Sized) for dp, _ in self.pipes_and_weights):
-            return sum(len(dp) for dp, _ in self.pipes_and_weights)  # type: ignore[arg-type]
+            return sum(len(dp) for dp, _ in self.pipes_and_weights)
         raise TypeError(f"{type(self).__name__} instance doesn't have valid length")
 
 
@@ -397,7 +403,9 @@ class ShardingRoundRobinDispatcherIterDataPipe(StageIterDataPipe[Any]):
     """
 
     def __init__(
-        self, source_datapipe: IterDataPipe[Any], sharding_group_filter: SHARDING_PRIORITIES | None = None
+        self,
+        source_datapipe: IterDataPipe[Any],
+        sharding_group_filter: SHARDING_PRIORITIES | None = None,
     ) -> None:
         if sharding_group_filter != SHARDING_PRIORITIES.MULTIPROCESSING:
             raise NotImplementedError(
@@ -412,4 +420,4 @@ class ShardingRoundRobinDispatcherIterDataPipe(StageIterDataPipe[Any]):
         yield from self.source_datapipe
 
     def __len__(self) -> int:
-        return len(self.source_datapipe)  # type: ignore[arg-type]
+        return len(self.source_datapipe)

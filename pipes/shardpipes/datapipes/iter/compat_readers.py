@@ -83,7 +83,7 @@ class HTTPReaderIterDataPipe(StageIterDataPipe[tuple[str, Any]]):
             yield pair
 
     def __len__(self) -> int:
-        return len(self.source_datapipe)  # type: ignore[arg-type]
+        return len(self.source_datapipe)
 
 
 def _gdrive(url: str, timeout: float | None, query_params: Mapping[str, Any]) -> tuple[str, Any]:
@@ -96,14 +96,18 @@ def _gdrive(url: str, timeout: float | None, query_params: Mapping[str, Any]) ->
     with requests.Session() as session:
         response = session.get(url, timeout=timeout, stream=True, **query_params)
         response.raise_for_status()
-        token = next((v for k, v in response.cookies.items() if k.startswith("download_warning")), None)
+        token = next(
+            (v for k, v in response.cookies.items() if k.startswith("download_warning")), None
+        )
         if token is None:
             match = re.search(r"<title>Google Drive - (?P<api>.+?)</title>", response.text)
             api = match["api"] if match else None
             if api == "Virus scan warning":
                 token = "t"
             elif api == "Quota exceeded":
-                raise RuntimeError(f"Google drive link {url} is currently unavailable, because the quota was exceeded.")
+                raise RuntimeError(
+                    f"Google drive link {url} is currently unavailable, because the quota was exceeded."
+                )
         if token:
             url = f"{url}&confirm={token}"
         response = session.get(url, timeout=timeout, stream=True, **query_params)
@@ -154,7 +158,7 @@ class GDriveReaderDataPipe(StageIterDataPipe[tuple[str, Any]]):
             yield pair
 
     def __len__(self) -> int:
-        return len(self.source_datapipe)  # type: ignore[arg-type]
+        return len(self.source_datapipe)
 
 
 @register("read_from_remote")
@@ -191,16 +195,20 @@ class OnlineReaderIterDataPipe(StageIterDataPipe[tuple[str, Any]]):
             yield pair
 
     def __len__(self) -> int:
-        return len(self.source_datapipe)  # type: ignore[arg-type]
+        return len(self.source_datapipe)
 
 
-def _s3_options(request_timeout_ms: int, region: str, extra: Mapping[str, Any] | None) -> dict[str, Any]:
+def _s3_options(
+    request_timeout_ms: int, region: str, extra: Mapping[str, Any] | None
+) -> dict[str, Any]:
     options: dict[str, Any] = dict(extra or {})
     if region:
         options.setdefault("client_kwargs", {}).setdefault("region_name", region)
     if request_timeout_ms and request_timeout_ms > 0:
         seconds = request_timeout_ms / 1000
-        options.setdefault("config_kwargs", {}).update(connect_timeout=seconds, read_timeout=seconds)
+        options.setdefault("config_kwargs", {}).update(
+            connect_timeout=seconds, read_timeout=seconds
+        )
     return options
 
 
@@ -281,8 +289,15 @@ class S3FileLoaderIterDataPipe(StageIterDataPipe[tuple[str, Any]]):
         self.storage_options = _s3_options(request_timeout_ms, region, storage_options)
 
     def __iter__(self) -> Iterator[tuple[str, Any]]:
-        extra = {} if not self.buffer_size else {"block_size": self.buffer_size}
-        yield from FSSpecFileOpener(self.source_datapipe, storage_options=self.storage_options, **extra)
+        if self.buffer_size:
+            opener = FSSpecFileOpener(
+                self.source_datapipe,
+                storage_options=self.storage_options,
+                block_size=self.buffer_size,
+            )
+        else:
+            opener = FSSpecFileOpener(self.source_datapipe, storage_options=self.storage_options)
+        yield from opener
 
     def __len__(self) -> int:
-        return len(self.source_datapipe)  # type: ignore[arg-type]
+        return len(self.source_datapipe)

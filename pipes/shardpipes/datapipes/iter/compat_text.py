@@ -49,12 +49,12 @@ def _decoded(lines: Iterable[Any], decode: bool, encoding: str, errors: str) -> 
 
 @register("readlines")
 class LineReaderIterDataPipe(IterDataPipe[Any]):
-    """Yield the lines of each ``(path, stream)`` as ``(path, line)`` (functional name: ``readlines``).
+    r"""Yield the lines of each ``(path, stream)`` as ``(path, line)`` (functional name: ``readlines``).
 
     Args:
         source_datapipe: ``(path, stream)`` pairs.
         skip_lines: Lines skipped at the top of each file. Default: ``0``.
-        strip_newline: Strip ``\\r`` and ``\\n`` at the ends. Default: ``True``.
+        strip_newline: Strip ``\r`` and ``\n`` at the ends. Default: ``True``.
         decode: Decode bytes lines with ``encoding``. Default: ``False``.
         encoding: Default: ``"utf-8"``.
         errors: Decoding error policy. Default: ``"ignore"``.
@@ -63,7 +63,7 @@ class LineReaderIterDataPipe(IterDataPipe[Any]):
     Example:
         >>> import io
         >>> from shardpipes.datapipes.iter import IterableWrapper
-        >>> list(IterableWrapper([("f", io.StringIO("a\\nb"))]).readlines())
+        >>> list(IterableWrapper([("f", io.StringIO("a\nb"))]).readlines())
         [('f', 'a'), ('f', 'b')]
     """
 
@@ -90,14 +90,16 @@ class LineReaderIterDataPipe(IterDataPipe[Any]):
 
     def __iter__(self) -> Iterator[Any]:
         for path, file in self.source_datapipe:
-            for line in _decoded(_lines(file, self.skip_lines), self.decode, self.encoding, self.errors):
+            for line in _decoded(
+                _lines(file, self.skip_lines), self.decode, self.encoding, self.errors
+            ):
                 if self.strip_newline:
                     line = line.strip("\r\n") if isinstance(line, str) else line.strip(b"\r\n")
                 yield (path, line) if self.return_path else line
 
 
 class _CSVBase(IterDataPipe[Any]):
-    _reader: Callable[..., Iterator[Any]] = staticmethod(csv.reader)  # type: ignore[assignment]
+    _reader: Callable[..., Iterator[Any]] = staticmethod(csv.reader)
 
     def __init__(
         self,
@@ -134,7 +136,7 @@ class _CSVBase(IterDataPipe[Any]):
 
 @register("parse_csv")
 class CSVParserIterDataPipe(_CSVBase):
-    """Yield the rows of each ``(path, stream)`` CSV file as lists (functional name: ``parse_csv``).
+    r"""Yield the rows of each ``(path, stream)`` CSV file as lists (functional name: ``parse_csv``).
 
     Args:
         source_datapipe: ``(path, stream)`` pairs.
@@ -149,14 +151,14 @@ class CSVParserIterDataPipe(_CSVBase):
     Example:
         >>> import io
         >>> from shardpipes.datapipes.iter import IterableWrapper
-        >>> list(IterableWrapper([("f", io.StringIO("a,1\\nb,2"))]).parse_csv())
+        >>> list(IterableWrapper([("f", io.StringIO("a,1\nb,2"))]).parse_csv())
         [['a', '1'], ['b', '2']]
     """
 
 
 @register("parse_csv_as_dict")
 class CSVDictParserIterDataPipe(_CSVBase):
-    """Yield the rows of each ``(path, stream)`` CSV file as dicts keyed by the header (functional name: ``parse_csv_as_dict``).
+    r"""Yield the rows of each ``(path, stream)`` CSV file as dicts keyed by the header (functional name: ``parse_csv_as_dict``).
 
     Takes the arguments of ``parse_csv`` except ``as_tuple``; ``**fmtparams`` go to
     ``csv.DictReader``.
@@ -164,11 +166,11 @@ class CSVDictParserIterDataPipe(_CSVBase):
     Example:
         >>> import io
         >>> from shardpipes.datapipes.iter import IterableWrapper
-        >>> list(IterableWrapper([("f", io.StringIO("k,v\\na,1"))]).parse_csv_as_dict())
+        >>> list(IterableWrapper([("f", io.StringIO("k,v\na,1"))]).parse_csv_as_dict())
         [{'k': 'a', 'v': '1'}]
     """
 
-    _reader = staticmethod(csv.DictReader)  # type: ignore[assignment]
+    _reader = staticmethod(csv.DictReader)
 
     def __init__(
         self,
@@ -214,7 +216,7 @@ class JsonParserIterDataPipe(StageIterDataPipe[tuple[str, Any]]):
             yield path, json.loads(data, **self.kwargs)
 
     def __len__(self) -> int:
-        return len(self.source_datapipe)  # type: ignore[arg-type]
+        return len(self.source_datapipe)
 
 
 def _join_lines(lines: list[str]) -> str:
@@ -223,16 +225,16 @@ def _join_lines(lines: list[str]) -> str:
 
 @register("lines_to_paragraphs")
 class ParagraphAggregatorIterDataPipe(IterDataPipe[tuple[str, str]]):
-    """Join consecutive non-empty ``(path, line)`` lines of a file into ``(path, paragraph)`` (functional name: ``lines_to_paragraphs``).
+    r"""Join consecutive non-empty ``(path, line)`` lines of a file into ``(path, paragraph)`` (functional name: ``lines_to_paragraphs``).
 
     Args:
         source_datapipe: ``(path, line)`` pairs, as ``readlines`` yields them.
-        joiner: Joins the lines of a paragraph. Default: ``"\\n".join``.
+        joiner: Joins the lines of a paragraph. Default: ``"\n".join``.
 
     Example:
         >>> from shardpipes.datapipes.iter import IterableWrapper
         >>> list(IterableWrapper([("f", "a"), ("f", "b"), ("f", ""), ("f", "c")]).lines_to_paragraphs())
-        [('f', 'a\\nb'), ('f', 'c')]
+        [('f', 'a\nb'), ('f', 'c')]
     """
 
     def __init__(
@@ -312,7 +314,7 @@ class HashCheckerIterDataPipe(StageIterDataPipe[tuple[str, Any]]):
             yield path, (data if isinstance(data, (str, bytes, bytearray)) else StreamWrapper(data))
 
     def __len__(self) -> int:
-        return len(self.source_datapipe)  # type: ignore[arg-type]
+        return len(self.source_datapipe)
 
 
 @register("save_to_disk")
@@ -348,4 +350,4 @@ class SaverIterDataPipe(StageIterDataPipe[str]):
             yield filepath
 
     def __len__(self) -> int:
-        return len(self.source_datapipe)  # type: ignore[arg-type]
+        return len(self.source_datapipe)

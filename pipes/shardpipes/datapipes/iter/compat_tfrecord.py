@@ -12,7 +12,7 @@ import math
 import struct
 import warnings
 from collections.abc import Iterable, Iterator
-from typing import IO, Any, NamedTuple
+from typing import IO, Any, NamedTuple, cast
 
 import torch
 from torch.utils.data.datapipes.utils.common import validate_pathname_binary_tuple
@@ -54,6 +54,7 @@ def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
 def _fields(buf: memoryview) -> Iterator[tuple[int, int, Any]]:
     """Yield ``(field number, wire type, value)``: an int for varints, a memoryview otherwise."""
     pos = 0
+    value: Any
     while pos < len(buf):
         key, pos = _varint(buf, pos)
         number, wire = key >> 3, key & 7
@@ -180,12 +181,14 @@ def _parse_record(record: memoryview, spec: Any) -> TFRecordExample:
                 "lists. This is not supported."
             )
         feature_spec = None if spec is None else spec[key]
-        value: Any = values
+        stacked: Any = values
         if feature_spec is not None and isinstance(feature_spec[1], torch.dtype):
-            value = torch.stack(values, 0)
-        result[key] = _apply_spec(value, feature_spec)
+            stacked = torch.stack(values, 0)
+        result[key] = _apply_spec(stacked, feature_spec)
     if spec is not None and len(result) != len(spec):
-        raise RuntimeError(f"Example is missing some required keys: {sorted(result)} != {sorted(spec)}")
+        raise RuntimeError(
+            f"Example is missing some required keys: {sorted(result)} != {sorted(spec)}"
+        )
     return result
 
 
@@ -234,13 +237,16 @@ class TFRecordLoaderIterDataPipe(StageIterDataPipe[TFRecordExample]):
 
     def __iter__(self) -> Iterator[TFRecordExample]:
         for pair in self.datapipe:
-            validate_pathname_binary_tuple(pair)
+            validate_pathname_binary_tuple(cast(Any, pair))
             path, stream = pair
             try:
                 for record in _records(stream):
                     yield _parse_record(record, self.spec)
             except RuntimeError as exc:
-                warnings.warn(f"Unable to read from corrupted tfrecord stream {path} due to: {exc}, abort!", stacklevel=2)
+                warnings.warn(
+                    f"Unable to read from corrupted tfrecord stream {path} due to: {exc}, abort!",
+                    stacklevel=2,
+                )
                 raise
 
     def __len__(self) -> int:

@@ -86,7 +86,9 @@ class HuggingFaceHubReaderIterDataPipe(StageIterDataPipe[Any]):
 class IoPathFileListerIterDataPipe(StageIterDataPipe[str]):
     """iopath listing: not provided, use ``list_files_by_fsspec`` (functional name: ``list_files_by_iopath``)."""
 
-    def __init__(self, root: Any, masks: str | list[str] = "", *, pathmgr: Any = None, handler: Any = None) -> None:
+    def __init__(
+        self, root: Any, masks: str | list[str] = "", *, pathmgr: Any = None, handler: Any = None
+    ) -> None:
         _unavailable("IoPathFileLister", _IOPATH)
 
 
@@ -94,7 +96,9 @@ class IoPathFileListerIterDataPipe(StageIterDataPipe[str]):
 class IoPathFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, Any]]):
     """iopath opening: not provided, use ``open_files_by_fsspec`` (functional name: ``open_files_by_iopath``)."""
 
-    def __init__(self, source_datapipe: Any, mode: str = "r", pathmgr: Any = None, handler: Any = None) -> None:
+    def __init__(
+        self, source_datapipe: Any, mode: str = "r", pathmgr: Any = None, handler: Any = None
+    ) -> None:
         _unavailable("IoPathFileOpener", _IOPATH)
 
 

@@ -36,9 +36,13 @@ def expand_braces(pattern: str) -> list[str]:
                 raise ValueError(f"{pattern!r}: bad range {{{body}}} goes down ({lo} > {hi})")
             # torchdata 0.9's padding rules: a padded low bound has the high bound's width.
             if len(lo_text) > len(hi_text):
-                raise ValueError(f"{pattern!r}: in {{{body}}} the low bound must be shorter than (or as long as) the high bound")
+                raise ValueError(
+                    f"{pattern!r}: in {{{body}}} the low bound must be shorter than (or as long as) the high bound"
+                )
             if len(lo_text) < len(hi_text) and lo_text.startswith("0") and lo_text != "0":
-                raise ValueError(f"{pattern!r}: in {{{body}}} a low bound shorter than the high bound must not start with 0")
+                raise ValueError(
+                    f"{pattern!r}: in {{{body}}} a low bound shorter than the high bound must not start with 0"
+                )
             width = len(lo_text) if lo_text.lstrip("-").startswith("0") else 0
             parts.append([f"{i:0{width}d}" for i in range(lo, hi + 1)])
         elif "," in body:

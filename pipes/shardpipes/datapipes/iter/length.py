@@ -63,10 +63,12 @@ class HeaderIterDataPipe(StageIterDataPipe[T]):
 
     def __len__(self) -> int:
         try:
-            n = len(self.source_datapipe)  # type: ignore[arg-type]
+            n = len(self.source_datapipe)
         except TypeError:
             if self.limit is None:
-                raise TypeError(f"The length of this {type(self).__name__} cannot be determined.") from None
+                raise TypeError(
+                    f"The length of this {type(self).__name__} cannot be determined."
+                ) from None
             warnings.warn(
                 f"The length of this {type(self).__name__} is inferred to be equal to its limit; "
                 "the source has no length, so it may yield fewer items.",

@@ -200,7 +200,7 @@ class FullSyncIterDataPipe(StageIterDataPipe[T]):
             raise PrefetchTimeoutError(
                 self.timeout,
                 f"rank {rank}: the ranks could not agree on the epoch length within "
-                f"{self.timeout:g} s; another rank probably died or stopped iterating ({exc})"
+                f"{self.timeout:g} s; another rank probably died or stopped iterating ({exc})",
             ) from exc
         high, low, any_failed = (int(v) for v in t.tolist())
         if any_failed and not failed:

@@ -22,10 +22,17 @@ def register_map(name: str) -> Callable[[_C], _C]:
     def deco(cls: _C) -> _C:
         taken = MapDataPipe.functions.get(name)
         if taken is not None:
-            owner = taken.args[0] if getattr(taken, "args", None) else None
-            if owner is None or owner.__qualname__ != cls.__qualname__ or owner.__module__ != cls.__module__:
+            args = getattr(taken, "args", None)
+            owner = args[0] if args else None
+            if (
+                owner is None
+                or owner.__qualname__ != cls.__qualname__
+                or owner.__module__ != cls.__module__
+            ):
                 where = f"{owner.__module__}.{owner.__qualname__}" if owner is not None else "?"
-                raise RuntimeError(f"MapDataPipe functional name {name!r} is already registered by {where}")
+                raise RuntimeError(
+                    f"MapDataPipe functional name {name!r} is already registered by {where}"
+                )
             del MapDataPipe.functions[name]
         MapDataPipe.register_datapipe_as_function(name, cls)
         return cls

@@ -31,9 +31,13 @@ class IterToMapConverterMapDataPipe(MapDataPipe[Any]):
         2
     """
 
-    def __init__(self, datapipe: IterDataPipe[Any], key_value_fn: Callable[[Any], Any] | None = None) -> None:
+    def __init__(
+        self, datapipe: IterDataPipe[Any], key_value_fn: Callable[[Any], Any] | None = None
+    ) -> None:
         if not isinstance(datapipe, IterDataPipe):
-            raise TypeError(f"IterToMapConverter can only apply on IterDataPipe, but found {type(datapipe)}")
+            raise TypeError(
+                f"IterToMapConverter can only apply on IterDataPipe, but found {type(datapipe)}"
+            )
         if key_value_fn is not None:
             _check_unpickable_fn(key_value_fn)
         self.datapipe = datapipe
@@ -47,12 +51,18 @@ class IterToMapConverterMapDataPipe(MapDataPipe[Any]):
             try:
                 n = len(pair)
             except TypeError:
-                raise TypeError(f"Cannot convert dictionary update element {type(pair)} ({pair}) to a sequence") from None
+                raise TypeError(
+                    f"Cannot convert dictionary update element {type(pair)} ({pair}) to a sequence"
+                ) from None
             if n != 2:
-                raise ValueError(f"dictionary update sequence element has length {n}, 2 is required")
+                raise ValueError(
+                    f"dictionary update sequence element has length {n}, 2 is required"
+                )
             key, value = pair
             if key in table:
-                warnings.warn(f"Found duplicate key {key}. Please check your `key_value_fn`", stacklevel=3)
+                warnings.warn(
+                    f"Found duplicate key {key}. Please check your `key_value_fn`", stacklevel=3
+                )
             table[key] = value
         self._map = table
         return table
@@ -68,7 +78,7 @@ class IterToMapConverterMapDataPipe(MapDataPipe[Any]):
         if self._map is not None:
             return len(self._map)
         try:
-            return len(self.datapipe)  # type: ignore[arg-type]
+            return len(self.datapipe)
         except (TypeError, NotImplementedError):
             pass
         warnings.warn(
@@ -111,7 +121,9 @@ class MapToIterConverterIterDataPipe(IterDataPipe[Any]):
 
     def __init__(self, datapipe: MapDataPipe[Any], indices: Sequence[Any] | None = None) -> None:
         if not isinstance(datapipe, MapDataPipe):
-            raise TypeError(f"MapToIterConverter can only apply on MapDataPipe, but found {type(datapipe)}")
+            raise TypeError(
+                f"MapToIterConverter can only apply on MapDataPipe, but found {type(datapipe)}"
+            )
         self.datapipe = datapipe
         self.indices = indices if indices else range(len(datapipe))
 

@@ -64,8 +64,11 @@ class UnZipperMapDataPipe(MapDataPipe[Any]):
         sequence_length: int,
         columns_to_skip: Sequence[int] | None = None,
     ) -> list[MapDataPipe[Any]]:
+        """Build the graph this stage stands for (torchdata 0.9 built it the same way)."""
         if sequence_length < 1:
-            raise ValueError(f"Expected `sequence_length` larger than 0, but {sequence_length} is found")
+            raise ValueError(
+                f"Expected `sequence_length` larger than 0, but {sequence_length} is found"
+            )
         skips = set(columns_to_skip or ())
         ids = [i for i in range(sequence_length) if i not in skips]
         if not ids:

@@ -10,7 +10,10 @@ __all__ = ["to_graph"]
 
 
 def _label(dp: Any) -> str:
-    return type(dp).__name__.replace("IterDataPipe", "").replace("MapDataPipe", "") or type(dp).__name__
+    return (
+        type(dp).__name__.replace("IterDataPipe", "").replace("MapDataPipe", "")
+        or type(dp).__name__
+    )
 
 
 def to_graph(dp: Any, *, debug: bool = False) -> Any:
@@ -24,7 +27,7 @@ def to_graph(dp: Any, *, debug: bool = False) -> Any:
         ModuleNotFoundError: ``graphviz`` is not installed (``pip install graphviz``).
     """
     try:
-        import graphviz
+        import graphviz  # type: ignore[import-not-found, unused-ignore]  # optional
     except ModuleNotFoundError as exc:
         raise ModuleNotFoundError(
             "to_graph needs the graphviz package: pip install graphviz"
