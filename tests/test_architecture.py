@@ -49,7 +49,9 @@ def _cycle_from(graph, start):
 def test_no_module_import_circle():
     graph = grimp.build_graph("shardpipes", include_external_packages=False)
     # A package imports its own modules to re-export them; that is not a circle of logic.
-    modules = sorted(m for m in graph.modules if not (PACKAGE.parent / m.replace(".", "/")).is_dir())
+    modules = sorted(
+        m for m in graph.modules if not (PACKAGE.parent / m.replace(".", "/")).is_dir()
+    )
     circles = [c for m in modules if (c := _cycle_from(graph, m))]
     assert not circles, " -> ".join(circles[0])
 

@@ -117,11 +117,220 @@ FACTORIES: dict[str, Callable[[Inputs], Any]] = {
     "webdataset": _samples,
 }
 
+
+def _pairs(i: Inputs) -> Any:
+    return IterableWrapper([(x, x + 100) for x in i.items])
+
+
+def _text_files(i: Inputs) -> Any:
+    return IterableWrapper(i.shards).open_files_by_fsspec().load_from_tar()
+
+
+def _lines(i: Inputs) -> Any:
+    return IterableWrapper([(f"f{x}", io.StringIO(f"a,{x}\nb,{x}\n\nc,{x}")) for x in i.items])
+
+
+def _by_key(x: Any) -> Any:
+    return x[0]
+
+
+def _as_list(x: int) -> list[int]:
+    return [x, x]
+
+
+def _first(batch: list[Any]) -> list[Any]:
+    return batch[:1]
+
+
+async def _async_double(x: int) -> int:
+    return 2 * x
+
+
+def _json_files(i: Inputs) -> Any:
+    return IterableWrapper([(f"{x}.json", io.StringIO(f'{{"x": {x}}}')) for x in i.items])
+
+
+def _compressed(i: Inputs, suffix: str, opener: Callable[..., Any]) -> Any:
+    out = []
+    for x in i.items:
+        path = os.path.join(i.out_dir, f"{x}.txt{suffix}")
+        os.makedirs(i.out_dir, exist_ok=True)
+        with opener(path, "wb") as f:
+            f.write(bytes([x]) * 3)
+        out.append(path)
+    return IterableWrapper(out).open_files_by_fsspec()
+
+
+def _read_second(pair: Any) -> Any:
+    return pair[0].rsplit("/", 1)[-1], pair[1].read()
+
+
+def _zip_files(i: Inputs) -> Any:
+    import zipfile
+
+    os.makedirs(i.out_dir, exist_ok=True)
+    paths = []
+    for x in i.items:
+        path = os.path.join(i.out_dir, f"{x}.zip")
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr(f"m{x}.bin", bytes([x]))
+        paths.append(path)
+    return IterableWrapper(paths).open_files_by_fsspec()
+
+
+def _tfrecords(i: Inputs) -> Any:
+    return IterableWrapper([]).open_files_by_fsspec()  # content covered by the conformance suite
+
+
+def _to_tuple(x: Any) -> Any:
+    return tuple(x) if isinstance(x, list) else x
+
+
+import bz2 as _bz2  # noqa: E402
+import io  # noqa: E402
+import lzma as _lzma  # noqa: E402
+
+from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES  # noqa: E402
+
+from shardpipes.datapipes.map import SequenceWrapper  # noqa: E402
+
+FACTORIES.update(
+    {
+        # torchdata 0.9 compatibility stages (issue 16)
+        "add_index": lambda i: IterableWrapper([{"v": x} for x in i.items]).add_index(),
+        "async_map_batches": lambda i: IterableWrapper(i.items).async_map_batches(_async_double, 3),
+        "bucketbatch": lambda i: (
+            IterableWrapper(i.items).bucketbatch(3, sort_key=sorted).map(sorted)
+        ),
+        "check_hash": lambda i: IterableWrapper([(f"{x}", b"x") for x in i.items]).check_hash(
+            {
+                f"{x}": "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"
+                for x in i.items
+            }
+        ),
+        "decompress": lambda i: _compressed(i, ".xz", _lzma.open).decompress().map(_read_second),
+        "drop": lambda i: _pairs(i).drop(0),
+        "end_caching": lambda i: _end_caching(i),
+        "memory_cell": lambda i: IterableWrapper(i.items).memory_cell(),
+        "enumerate": lambda i: IterableWrapper(i.items).enumerate(),
+        "extract": lambda i: _compressed(i, ".bz2", _bz2.open).extract().map(_read_second),
+        "flatmap": lambda i: IterableWrapper(i.items).flatmap(_as_list),
+        "flatten": lambda i: IterableWrapper([(x, (x, x)) for x in i.items]).flatten(),
+        "in_memory_cache": lambda i: IterableWrapper(i.items).in_memory_cache(),
+        "lines_to_paragraphs": lambda i: _lines(i).readlines().lines_to_paragraphs(),
+        "load_from_bz2": lambda i: (
+            _compressed(i, ".bz2", _bz2.open).load_from_bz2().map(_read_second)
+        ),
+        "load_from_tfrecord": lambda i: _tfrecords(i).load_from_tfrecord(),
+        "load_from_xz": lambda i: (
+            _compressed(i, ".xz", _lzma.open).load_from_xz().map(_read_second)
+        ),
+        "load_from_zip": lambda i: _zip_files(i).load_from_zip().map(_read_second),
+        "map_batches": lambda i: IterableWrapper(i.items).map_batches(_first, 3),
+        "max_token_bucketize": lambda i: IterableWrapper(
+            [[0] * (x % 4 + 1) for x in i.items]
+        ).max_token_bucketize(4),
+        "mux_longest": lambda i: IterableWrapper(i.items).mux_longest(IterableWrapper(i.items[:3])),
+        "parse_csv": lambda i: _lines(i).parse_csv().map(_to_tuple),
+        "parse_csv_as_dict": lambda i: _lines(i).parse_csv_as_dict(fieldnames=["k", "v"]),
+        "parse_json_files": lambda i: _json_files(i).parse_json_files(),
+        "random_split": lambda i: IterableWrapper(i.items).random_split(
+            {"a": 1, "b": 1}, seed=3, target="a"
+        ),
+        "readlines": lambda i: _lines(i).readlines(),
+        "repeat": lambda i: IterableWrapper(i.items).repeat(2),
+        "round_robin_demux": lambda i: IterableWrapper(i.items).round_robin_demux(2)[0],
+        "rows2columnar": lambda i: (
+            IterableWrapper(i.items).batch(3).map(_rows).rows2columnar().map(dict)
+        ),
+        "save_to_disk": lambda i: IterableWrapper(
+            [(os.path.join(i.out_dir, f"{x}.txt"), str(x)) for x in i.items]
+        ).save_to_disk(),
+        "sharding_round_robin_dispatch": lambda i: IterableWrapper(
+            i.items
+        ).sharding_round_robin_dispatch(SHARDING_PRIORITIES.MULTIPROCESSING),
+        "shuffled_flatmap": lambda i: (
+            IterableWrapper(i.items).shuffled_flatmap(_as_list).set_seed(5)
+        ),
+        "slice": lambda i: _pairs(i).slice(1),
+        "to_map_datapipe": lambda i: _pairs(i).to_map_datapipe().to_iter_datapipe(sorted(i.items)),
+        "unzip": lambda i: _pairs(i).unzip(2)[1],
+        "zip_longest": lambda i: IterableWrapper(i.items).zip_longest(IterableWrapper(i.items[:3])),
+        "zip_with_iter": lambda i: IterableWrapper(i.items).zip_with_iter(
+            IterableWrapper(list(reversed(i.items))), _identity
+        ),
+        "zip_with_map": lambda i: _pairs(i).zip_with_map(
+            SequenceWrapper({x: -x for x in i.items}), _by_key
+        ),
+    }
+)
+
+
+def _end_caching(i: Inputs) -> Any:
+    where = functools.partial(_cache_path, i.cache_dir)
+    return (
+        IterableWrapper([str(x) for x in i.items])
+        .on_disk_cache(filepath_fn=where)
+        .map(_text_pair)
+        .end_caching(mode="w", filepath_fn=where, skip_read=True)
+    )
+
+
+def _cache_path(folder: str, name: str) -> str:
+    return os.path.join(folder, name)
+
+
+def _text_pair(name: str) -> tuple[str, str]:
+    return name, f"content {name}"
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _rows(batch: list[int]) -> list[dict[str, int]]:
+    return [{"v": x} for x in batch]
+
+
+# torchdata 0.9 names whose stage needs a service (covered by tests/test_td09_readers.py) or
+# fails at construction by design (tests/test_td09_unavailable.py): no contract graph.
+NOT_IN_CONTRACT = {
+    "list_files_by_ais", "load_files_by_ais", "list_files_by_iopath", "open_files_by_iopath",
+    "save_by_iopath", "dataframe", "load_parquet_as_df", "load_from_rar",
+    "read_from_http", "read_from_remote", "read_from_gdrive", "list_files_by_s3", "load_files_by_s3",
+    "load_from_tfrecord",  # decoding is pinned by the conformance suite's test_tfrecord.py
+}  # fmt: skip
+
+
+def _building() -> dict[str, set[type]]:
+    from shardpipes.datapipes.iter import (
+        compat_archives,
+        compat_bucket,
+        compat_cache,
+        compat_callable,
+        compat_combining,
+    )
+    from shardpipes.datapipes.map import converter
+
+    return {
+        "async_map_batches": {compat_callable._AsyncBatchMapper},
+        "bucketbatch": {IterDataPipe.functions["in_batch_shuffle"].args[0]},
+        "end_caching": {compat_cache.TorchdataCacheHolder},
+        "extract": {compat_archives.DecompressorIterDataPipe},
+        "random_split": {compat_bucket.SplitterIterator},
+        "round_robin_demux": {compat_combining._RoundRobinDemux},
+        "to_map_datapipe": {converter.IterToMapConverterMapDataPipe},
+        "unzip": {compat_combining._UnZipper},
+    }
+
+
+BUILDS_A_GRAPH = _building()
+
 # Stages whose position carries over between epochs by design (DESIGN.md: fixed_length
 # continues where the last epoch stopped), so an epoch cut short is not "reset".
 CONTINUES_ACROSS_EPOCHS = {"fixed_length"}
 
-NAMES = list(REGISTERED)
+NAMES = [n for n in REGISTERED if n not in NOT_IN_CONTRACT]
 
 
 def build(name: str, inputs: Inputs) -> Any:
@@ -173,7 +382,10 @@ def test_the_registry_is_found():
 def test_factory_builds_a_graph_holding_the_stage(name, inputs):
     dp = build(name, inputs)
     classes = {type(p) for p in get_all_graph_pipes(traverse_dps(dp))}
-    assert REGISTERED[name] in classes
+    if name in BUILDS_A_GRAPH:  # 0.9's factory classes: __new__ returns the graph they stand for
+        assert classes & BUILDS_A_GRAPH[name]
+    else:
+        assert REGISTERED[name] in classes
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -61,7 +61,7 @@ def test_shard_expand_several_patterns_in_order():
     [
         ("t-{}.tar", r"brace \{\} is neither a range a\.\.b nor a list a,b"),
         ("t-{abc}.tar", r"brace \{abc\} is neither a range"),
-        ("t-{3..1}.tar", r"range \{3\.\.1\} goes down \(3 > 1\)"),
+        ("t-{3..1}.tar", r"bad range \{3\.\.1\} goes down \(3 > 1\)"),
         ("t-{1..2.tar", r"unbalanced or nested braces"),
         ("t-}{1..2}.tar", r"unbalanced or nested braces"),
         ("t-{a,{b,c}}.tar", r"unbalanced or nested braces"),

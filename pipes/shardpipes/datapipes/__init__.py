@@ -1,5 +1,7 @@
-"""DataPipes: ``shardpipes.datapipes.iter`` holds the stages."""
+"""DataPipes: ``shardpipes.datapipes.iter`` holds the stages; ``map`` and ``utils`` complete torchdata 0.9's surface."""
 
-from shardpipes.datapipes import iter
+from torch.utils.data import DataChunk, functional_datapipe
 
-__all__ = ["iter"]
+from shardpipes.datapipes import iter, map, utils
+
+__all__ = ["DataChunk", "functional_datapipe", "iter", "map", "utils"]

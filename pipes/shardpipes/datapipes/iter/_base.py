@@ -82,7 +82,9 @@ def check_picklable_fn(fn: Callable[..., Any], what: str) -> None:
         raise TypeError(f"{what} must be callable, got {type(fn).__name__}")
     qualname = getattr(fn, "__qualname__", "")
     if "<lambda>" in qualname or "<locals>" in qualname:
+        kind = "Local" if "<locals>" in qualname else "Lambda"  # torch's wording comes first
         warnings.warn(
+            f"{kind} function is not supported by pickle: "
             f"{what} {qualname} is a lambda or a local function; it cannot be pickled to worker "
             "processes started with 'spawn' or 'forkserver'. Use a module-level function.",
             UserWarning,

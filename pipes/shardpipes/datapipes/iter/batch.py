@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
 from torch.utils.data import IterDataPipe
+from torch.utils.data.datapipes._hook_iterator import _SnapshotState
 
 from shardpipes.datapipes.iter._base import StageIterDataPipe, register
 
@@ -47,8 +48,37 @@ class InBatchShufflerIterDataPipe(StageIterDataPipe[list[T]]):
         self._enabled = shuffle
         return self
 
+    @property
+    def datapipe(self) -> IterDataPipe[Sequence[T]]:
+        """The source, under torchdata 0.9's attribute name."""
+        return self.source_datapipe
+
+    def reset(self) -> None:
+        """Reseed at the start of an iteration (called by torch's iterator hook)."""
+        # A graph restored from a snapshot (torch's ``_simple_graph_snapshot_restoration``)
+        # continues with the pickled generator state instead of starting the epoch again.
+        if getattr(self, "_snapshot_state", None) == _SnapshotState.Restored:
+            self._snapshot_state = _SnapshotState.Iterating
+            return
+        self._rng = random.Random(self._seed)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        if "_rng" in state:
+            state["_rng"] = self._rng.getstate()
+        if IterDataPipe.getstate_hook is not None:
+            return cast(dict[str, Any], IterDataPipe.getstate_hook(state))
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        rng_state = state.pop("_rng", None)
+        self.__dict__.update(state)
+        if rng_state is not None:
+            self._rng = random.Random()
+            self._rng.setstate(rng_state)
+
     def __iter__(self) -> Iterator[list[T]]:
-        rng = random.Random(self._seed)
+        rng = self._rng
         for batch in self.source_datapipe:
             items = list(batch)
             if self._enabled:

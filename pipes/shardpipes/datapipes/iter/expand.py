@@ -30,10 +30,20 @@ def expand_braces(pattern: str) -> list[str]:
         body = m.group(1)
         rng = _RANGE.match(body)
         if rng:
-            lo, hi = int(rng.group(1)), int(rng.group(2))
+            lo_text, hi_text = rng.group(1), rng.group(2)
+            lo, hi = int(lo_text), int(hi_text)
             if hi < lo:
-                raise ValueError(f"{pattern!r}: range {{{body}}} goes down ({lo} > {hi})")
-            width = len(rng.group(1)) if rng.group(1).lstrip("-").startswith("0") else 0
+                raise ValueError(f"{pattern!r}: bad range {{{body}}} goes down ({lo} > {hi})")
+            # torchdata 0.9's padding rules: a padded low bound has the high bound's width.
+            if len(lo_text) > len(hi_text):
+                raise ValueError(
+                    f"{pattern!r}: in {{{body}}} the low bound must be shorter than (or as long as) the high bound"
+                )
+            if len(lo_text) < len(hi_text) and lo_text.startswith("0") and lo_text != "0":
+                raise ValueError(
+                    f"{pattern!r}: in {{{body}}} a low bound shorter than the high bound must not start with 0"
+                )
+            width = len(lo_text) if lo_text.lstrip("-").startswith("0") else 0
             parts.append([f"{i:0{width}d}" for i in range(lo, hi + 1)])
         elif "," in body:
             parts.append(body.split(","))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
@@ -18,6 +19,10 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+class InvalidLengthError(ValueError, AssertionError):
+    """A negative or non-integer ``set_length``: a ``ValueError`` (and, as 0.9 raised, an ``AssertionError``)."""
 
 
 def _non_negative(name: str, value: int | None, *, allow_none: bool = False) -> None:
@@ -41,12 +46,15 @@ class HeaderIterDataPipe(StageIterDataPipe[T]):
         [0, 1, 2]
     """
 
-    def __init__(self, source_datapipe: IterDataPipe[T], limit: int = 10) -> None:
-        _non_negative("limit", limit)
+    def __init__(self, source_datapipe: IterDataPipe[T], limit: int | None = 10) -> None:
+        _non_negative("limit", limit, allow_none=True)
         self.source_datapipe = source_datapipe
         self.limit = limit
 
     def __iter__(self) -> Iterator[T]:
+        if self.limit is None:  # torchdata 0.9: no limit passes the source through
+            yield from self.source_datapipe
+            return
         if self.limit == 0:
             return
         for i, item in enumerate(self.source_datapipe, 1):
@@ -55,36 +63,48 @@ class HeaderIterDataPipe(StageIterDataPipe[T]):
                 return
 
     def __len__(self) -> int:
-        return min(self.limit, len(self.source_datapipe))
+        try:
+            n = len(self.source_datapipe)
+        except TypeError:
+            if self.limit is None:
+                raise TypeError(
+                    f"The length of this {type(self).__name__} cannot be determined."
+                ) from None
+            warnings.warn(
+                f"The length of this {type(self).__name__} is inferred to be equal to its limit; "
+                "the source has no length, so it may yield fewer items.",
+                stacklevel=2,
+            )
+            return self.limit
+        return n if self.limit is None else min(self.limit, n)
 
 
 @register("set_length")
 class LengthSetterIterDataPipe(StageIterDataPipe[T]):
-    """Give the source a length, yielding at most that many items (functional name: ``set_length``).
+    """Give the source a length; the items are the source's, unchanged (functional name: ``set_length``).
 
     Args:
         source_datapipe: The source.
-        length: The length ``len()`` reports; iteration stops after that many items.
+        length: The length ``len()`` reports (as in torchdata 0.9, iteration is not capped:
+            use ``header(n)`` for that).
 
     Examples:
         >>> from shardpipes.datapipes.iter import IterableWrapper
-        >>> dp = IterableWrapper(iter(range(10))).set_length(4)
+        >>> dp = IterableWrapper(range(4)).set_length(4)
         >>> len(dp), list(dp)
         (4, [0, 1, 2, 3])
     """
 
     def __init__(self, source_datapipe: IterDataPipe[T], length: int) -> None:
-        _non_negative("length", length)
+        if not isinstance(length, int) or isinstance(length, bool) or length < 0:
+            raise InvalidLengthError(f"length should be a non-negative integer, got {length!r}")
         self.source_datapipe = source_datapipe
         self.length = length
 
     def __iter__(self) -> Iterator[T]:
-        if self.length == 0:
-            return
-        for i, item in enumerate(self.source_datapipe, 1):
-            yield item
-            if i >= self.length:
-                return
+        # torchdata 0.9: set_length only sets len(); every item of the source is yielded.
+        # Use header(n) (or fixed_length(n)) to cap the items.
+        yield from self.source_datapipe
 
     def __len__(self) -> int:
         return self.length
@@ -108,7 +128,8 @@ class CyclerIterDataPipe(StageIterDataPipe[T]):
     """
 
     def __init__(self, source_datapipe: IterDataPipe[T], count: int | None = None) -> None:
-        _non_negative("count", count, allow_none=True)
+        if count is not None and (not isinstance(count, int) or count < 0):
+            raise ValueError(f"Expected non-negative count, got {count!r}")
         self.source_datapipe = source_datapipe
         self.count = count
 
@@ -127,7 +148,9 @@ class CyclerIterDataPipe(StageIterDataPipe[T]):
 
     def __len__(self) -> int:
         if self.count is None:
-            raise TypeError(f"{type(self).__name__} instance doesn't have valid length")
+            raise TypeError(
+                f"This {type(self).__name__} instance cycles forever, and therefore doesn't have valid length"
+            )
         return self.count * len(self.source_datapipe)
 
 

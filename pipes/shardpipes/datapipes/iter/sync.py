@@ -29,7 +29,13 @@ from shardpipes.datapipes.iter._base import StageIterDataPipe, register
 from shardpipes.datapipes.iter._index_length import index_length
 from shardpipes.errors import WorkerError
 
-__all__ = ["ExactLengthIterDataPipe", "FullSyncIterDataPipe", "SyncStats", "gloo_group"]
+__all__ = [
+    "ExactLengthIterDataPipe",
+    "FullSyncIterDataPipe",
+    "PrefetchTimeoutError",
+    "SyncStats",
+    "gloo_group",
+]
 
 T = TypeVar("T")
 Policy = Literal["stop", "pad"]
@@ -44,6 +50,14 @@ def gloo_group(timeout: float) -> Any:
     if dist.get_backend() == "gloo":
         return None
     return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+
+
+class PrefetchTimeoutError(WorkerError):
+    """The ranks did not answer within ``timeout`` seconds (torchdata 0.9's name; a ``WorkerError``)."""
+
+    def __init__(self, timeout: float, message: str | None = None) -> None:
+        super().__init__(message or f"Fail to fetch data within {timeout} seconds")
+        self.timeout = timeout
 
 
 class SyncStats:
@@ -183,9 +197,10 @@ class FullSyncIterDataPipe(StageIterDataPipe[T]):
             work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
             work.wait(datetime.timedelta(seconds=self.timeout))
         except Exception as exc:
-            raise WorkerError(
+            raise PrefetchTimeoutError(
+                self.timeout,
                 f"rank {rank}: the ranks could not agree on the epoch length within "
-                f"{self.timeout:g} s; another rank probably died or stopped iterating ({exc})"
+                f"{self.timeout:g} s; another rank probably died or stopped iterating ({exc})",
             ) from exc
         high, low, any_failed = (int(v) for v in t.tolist())
         if any_failed and not failed:

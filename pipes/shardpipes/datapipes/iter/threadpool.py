@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import collections
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sized
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from torch.utils.data import IterDataPipe
+from torch.utils.data.datapipes.utils.common import validate_input_col
 
 from shardpipes.datapipes.iter._base import StageIterDataPipe, check_picklable_fn, register
 
@@ -34,6 +35,7 @@ class ThreadPoolMapperIterDataPipe(StageIterDataPipe[Any]):
             Default: ``input_col``.
         scheduled_tasks: Items in flight at most. Default: ``128``.
         max_workers: Threads. Default: ``min(32, cpu count + 4)`` as ``ThreadPoolExecutor``.
+        **threadpool_kwargs: Passed to ``ThreadPoolExecutor`` (for example ``initializer=``).
 
     Examples:
         >>> from shardpipes.datapipes.iter import IterableWrapper
@@ -47,11 +49,12 @@ class ThreadPoolMapperIterDataPipe(StageIterDataPipe[Any]):
         fn: Callable[[Any], Any],
         input_col: Any = None,
         output_col: Any = None,
-        *,
         scheduled_tasks: int = 128,
         max_workers: int | None = None,
+        **threadpool_kwargs: Any,
     ) -> None:
         check_picklable_fn(fn, "threadpool_map fn")
+        validate_input_col(fn, input_col)  # torchdata 0.9: a wrong arity fails at construction
         if scheduled_tasks <= 0:
             raise ValueError(
                 f"scheduled_tasks should be a positive integer, got {scheduled_tasks!r}"
@@ -70,6 +73,7 @@ class ThreadPoolMapperIterDataPipe(StageIterDataPipe[Any]):
         self.output_col = output_col
         self.scheduled_tasks = scheduled_tasks
         self.max_workers = max_workers
+        self.threadpool_kwargs = {"thread_name_prefix": "shardpipes-map", **threadpool_kwargs}
 
     def _apply(self, item: Any) -> Any:
         # Same column semantics as torch's Mapper, but on a copy: items are shared with the
@@ -92,7 +96,7 @@ class ThreadPoolMapperIterDataPipe(StageIterDataPipe[Any]):
 
     def __iter__(self) -> Iterator[Any]:
         pending: collections.deque[Future[Any]] = collections.deque()
-        with ThreadPoolExecutor(self.max_workers, thread_name_prefix="shardpipes-map") as pool:
+        with ThreadPoolExecutor(self.max_workers, **self.threadpool_kwargs) as pool:
             try:
                 for item in self.source_datapipe:
                     pending.append(pool.submit(self._apply, item))
@@ -105,4 +109,6 @@ class ThreadPoolMapperIterDataPipe(StageIterDataPipe[Any]):
                     fut.cancel()
 
     def __len__(self) -> int:
-        return len(self.source_datapipe)
+        if isinstance(self.source_datapipe, Sized):
+            return len(self.source_datapipe)
+        raise TypeError(f"{type(self).__name__} instance doesn't have valid length")
