@@ -8,6 +8,7 @@ automatic, and under DDP every rank yields the same number of batches. See
 ``docs/migrating-from-webdataset.md`` for what differs from webdataset, and why.
 """
 
+from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.webdataset import autodecode, utils, wids
 from shardpipes.webdataset._graph import tarfile_samples, tarfile_to_samples
 from shardpipes.webdataset.autodecode import (
@@ -23,6 +24,7 @@ from shardpipes.webdataset.autodecode import (
 )
 from shardpipes.webdataset.compat import FluidInterface, FluidWrapper, WebDataset
 from shardpipes.webdataset.filters import (
+    Cached,
     batched,
     decode,
     detshuffle,
@@ -59,6 +61,7 @@ from shardpipes.webdataset.shardlists import (
     SimpleShardList,
     non_empty,
     resampled,
+    shardspec,
     single_node_only,
     split_by_node,
     split_by_worker,
@@ -68,7 +71,15 @@ from shardpipes.webdataset.writer import ShardWriter, TarWriter, numpy_dumps, to
 
 ResampledShardList = ResampledShards
 
+
+class MockDataset(DataPipeline):
+    """``length`` copies of ``sample`` (webdataset's ``MockDataset``)."""
+
+    def __init__(self, sample: object, length: int) -> None:
+        super().__init__(IterableWrapper([sample] * length, deepcopy=False))
+
 __all__ = [
+    "Cached",
     "Continue",
     "DataPipeline",
     "Decoder",
@@ -78,6 +89,7 @@ __all__ = [
     "PipelineStage",
     "ResampledShardList",
     "ResampledShards",
+    "MockDataset",
     "ShardWriter",
     "SimpleShardList",
     "TarWriter",
@@ -108,6 +120,7 @@ __all__ = [
     "resampled",
     "rsample",
     "select",
+    "shardspec",
     "shuffle",
     "single_node_only",
     "slice",

@@ -10,6 +10,10 @@ calling it on its source's iterator.
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import io
+import lzma
 import random
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -47,13 +51,14 @@ class ShuffleStage(StageIterDataPipe[Any]):
     at all shuffles differently every time.
     """
 
-    def __init__(self, source_datapipe: IterDataPipe[Any], bufsize: int = 1000, initial: int = 100, seed: Any = None, *, epoch_seeded: bool = False, epoch: int = -1) -> None:
+    def __init__(self, source_datapipe: IterDataPipe[Any], bufsize: int = 1000, initial: int = 100, seed: Any = None, *, epoch_seeded: bool = False, counter: Any = None) -> None:
         self.source_datapipe = source_datapipe
         self.bufsize = bufsize
         self.initial = initial
         self.seed = seed
         self.epoch_seeded = epoch_seeded
-        self.epoch = epoch
+        # webdataset's detshuffle counts its epochs on the stage object the user holds.
+        self.counter = counter if counter is not None else _Counter()
         self._loader_seed: int | None = None
 
     def set_seed(self, seed: int) -> ShuffleStage:
@@ -62,16 +67,20 @@ class ShuffleStage(StageIterDataPipe[Any]):
         return self
 
     def __iter__(self) -> Iterator[Any]:
-        self.epoch += 1
+        self.counter.epoch += 1
         if self._loader_seed is not None:
             rng = random.Random(self._loader_seed)
         elif self.epoch_seeded:
-            rng = random.Random(utils.make_seed(self.seed or 0, self.epoch))
+            rng = random.Random(utils.make_seed(self.seed or 0, self.counter.epoch))
         elif self.seed is not None:
             rng = random.Random(self.seed)
         else:
             rng = filters._unseeded()
         yield from filters.shuffle_iter(self.source_datapipe, self.bufsize, self.initial, rng)
+
+
+class _Counter:
+    epoch = -1
 
 
 class EmptyCheck(StageIterDataPipe[Any]):
@@ -117,6 +126,51 @@ class MemberFilter(StageIterDataPipe[Any]):
                 path = path[: len(path) - len(name)] + new
                 stream.name = new
             yield path, stream
+
+
+class _Stream(io.RawIOBase):
+    """A decompressing reader that closes the compressed stream with itself."""
+
+    def __init__(self, outer: Any, inner: Any) -> None:
+        super().__init__()
+        self.outer = outer
+        self.inner = inner
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int | None = -1) -> bytes:
+        return self.outer.read(-1 if n is None else n)
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.outer.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.outer.close()
+            self.inner.close()
+        super().close()
+
+
+_DECOMPRESSORS = {".gz": gzip.GzipFile, ".tgz": gzip.GzipFile, ".bz2": bz2.BZ2File, ".xz": lzma.LZMAFile}
+
+
+class Decompressed(StageIterDataPipe[Any]):
+    """Decompress ``.tgz``/``.tar.gz``/``.bz2``/``.xz`` shards on the fly, as webdataset reads them."""
+
+    def __init__(self, source_datapipe: IterDataPipe[Any]) -> None:
+        self.source_datapipe = source_datapipe
+
+    def __iter__(self) -> Iterator[Any]:
+        for url, stream in self.source_datapipe:
+            name = str(url).lower()
+            for suffix, cls in _DECOMPRESSORS.items():
+                if name.endswith(suffix):
+                    stream = _Stream(cls(fileobj=stream, mode="rb"), stream)
+                    break
+            yield url, stream
 
 
 def url_of(item: Any) -> str:
@@ -168,6 +222,7 @@ class TarfileToSamples:
             max_bytes = self.cache_size if self.cache_size > 0 else None
             dp = dp.on_disk_cache(self.cache_dir, max_bytes=max_bytes, storage_options=self.storage_options)
         dp = dp.open_files_by_fsspec(mode="rb", storage_options=self.storage_options)
+        dp = Decompressed(dp)
         dp = dp.load_from_tar(handler=_policy(self.handler))
         if self.select_files is not None or self.rename_files is not None:
             dp = MemberFilter(dp, self.select_files, self.rename_files)
@@ -233,7 +288,7 @@ def build(stages: Iterable[Any], dp: IterDataPipe[Any] | None = None, sharder: A
         elif _is_curried(stage, filters._shuffle):
             dp = _shuffle_stage(dp, stage)
         elif isinstance(stage, filters.detshuffle):
-            dp = ShuffleStage(dp, stage.bufsize, stage.initial, stage.seed, epoch_seeded=True, epoch=stage.epoch)
+            dp = ShuffleStage(dp, stage.bufsize, stage.initial, stage.seed, epoch_seeded=True, counter=stage)
         elif isinstance(stage, IterDataPipe):
             raise ValueError(f"{stage!r}: a DataPipe can only be the first stage of a pipeline")
         elif isinstance(stage, utils.PipelineStage):

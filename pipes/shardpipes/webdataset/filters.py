@@ -29,6 +29,7 @@ from shardpipes.webdataset import autodecode, utils
 from shardpipes.webdataset.handlers import reraise_exception
 
 __all__ = [
+    "Cached",
     "FilterFunction",
     "RestCurried",
     "batched",
@@ -511,3 +512,20 @@ def _xdecode(source: Iterable[Any], *args: Any, must_decode: bool = True, defaul
 
 
 xdecode = pipelinefilter(_xdecode)
+
+
+class Cached(utils.PipelineStage):
+    """Keep the first pass in memory and replay it on later passes (``.mcached()``)."""
+
+    def __init__(self) -> None:
+        self.cached: list[Any] | None = None
+
+    def run(self, source: Iterable[Any]) -> Iterator[Any]:
+        if self.cached is not None:
+            yield from self.cached
+            return
+        temp = []
+        for sample in source:
+            temp.append(sample)
+            yield sample
+        self.cached = temp

@@ -88,6 +88,10 @@ class FluidInterface:
         """Dict samples -> tuples of the fields matching glob patterns."""
         return self.compose(filters.extract_keys(*args, **kw))
 
+    def mcached(self) -> Any:
+        """Cache the samples in memory after the first pass."""
+        return self.compose(filters.Cached())
+
     def xdecode(self, *args: Any, **kw: Any) -> Any:
         """Decode by glob patterns of field names."""
         return self.compose(filters.xdecode(*args, **kw))

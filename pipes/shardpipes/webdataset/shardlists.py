@@ -21,6 +21,7 @@ from typing import Any
 from shardpipes.datapipes.iter import IterableWrapper, ShardExpander
 from shardpipes.datapipes.iter._base import StageIterDataPipe
 from shardpipes.webdataset import utils
+from shardpipes.webdataset.filters import pipelinefilter
 
 __all__ = [
     "ResampledShards",
@@ -28,6 +29,7 @@ __all__ = [
     "expand_urls",
     "non_empty",
     "resampled",
+    "shardspec",
     "single_node_only",
     "split_by_node",
     "split_by_worker",
@@ -35,12 +37,12 @@ __all__ = [
 
 
 def _envsubst(s: str) -> str:
+    """Substitute ``${name}`` with the environment variable ``WDS_name``, as webdataset does."""
+
     def lookup(m: re.Match[str]) -> str:
-        key = m.group(1)
-        if not key.startswith("WDS_"):
-            raise ValueError(f"{key}: only WDS_ environment variables may be substituted")
+        key = "WDS_" + m.group(1)
         if key not in os.environ:
-            raise ValueError(f"{key}: environment variable not set")
+            raise ValueError(f"{s}: environment variable {key} is not set")
         return os.environ[key]
 
     return re.sub(r"\$\{(\w+)\}", lookup, s)
@@ -181,7 +183,7 @@ def resampled_(src: Iterable[Any], n: int = sys.maxsize) -> Iterator[Any]:
         yield rng.choice(items)
 
 
-resampled = resampled_
+resampled = pipelinefilter(resampled_)
 
 
 def non_empty(src: Iterable[Any]) -> Iterator[Any]:
@@ -192,3 +194,10 @@ def non_empty(src: Iterable[Any]) -> Iterator[Any]:
         count += 1
     if count == 0:
         raise ValueError("pipeline stage received no data at all and this was declared as an error")
+
+
+def shardspec(spec: Any) -> SimpleShardList:
+    """A shard list from a URL pattern or a list (webdataset's ``shardspec``, without its YAML form)."""
+    if isinstance(spec, str) and spec.endswith((".yaml", ".yml")):
+        raise ValueError(f"{spec}: YAML dataset specifications are not supported by shardpipes.webdataset")
+    return SimpleShardList(spec)
