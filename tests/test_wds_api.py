@@ -17,7 +17,7 @@ import shardpipes.webdataset as wds
 from shardpipes.errors import SkippedInputWarning
 from shardpipes.synthetic import write_synthetic
 from shardpipes.webdataset import autodecode
-from tests._wds_data import encode, image, write_image_shards
+from _wds_data import encode, image, write_image_shards
 
 
 @pytest.fixture
