@@ -97,6 +97,18 @@ class FluidInterface:
         return self.compose(filters.xdecode(*args, **kw))
 
 
+class _Stages:
+    """The stage list, kept out of the DataPipe graph's traversal.
+
+    torch's graph traversal pickles every list attribute of a DataPipe while it looks for
+    child DataPipes; a list of user stages with lambdas would fail there. The DataPipes built
+    from the stages carry what the graph needs.
+    """
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+
+
 class DataPipeline(FluidInterface, StageIterDataPipe[Any]):
     """A pipeline of webdataset stages, built as a shardpipes DataPipe graph.
 
@@ -111,18 +123,24 @@ class DataPipeline(FluidInterface, StageIterDataPipe[Any]):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.pipeline: list[Any] = []
+        stages: list[Any] = []
         for arg in args:
             if arg is None:
                 continue
             if isinstance(arg, list):
-                self.pipeline.extend(arg)
+                stages.extend(arg)
             else:
-                self.pipeline.append(arg)
+                stages.append(arg)
+        self._stages = _Stages(stages)
         self.repetitions = 1
         self.nsamples = -1
         self.size: int | None = None
         self.source_datapipe, self.sharder = _graph.build(self.pipeline)
+
+    @property
+    def pipeline(self) -> list[Any]:
+        """The stages as given (the DataPipe graph was built from them)."""
+        return self._stages.items
 
     def append(self, f: Any) -> None:
         """Add a stage in place (used while constructing)."""
@@ -133,7 +151,7 @@ class DataPipeline(FluidInterface, StageIterDataPipe[Any]):
         """A copy of this pipeline with ``args`` appended."""
         result = object.__new__(type(self))
         result.__dict__.update(self.__dict__)
-        result.pipeline = [*self.pipeline, *args]
+        result._stages = _Stages([*self.pipeline, *args])
         result.source_datapipe, result.sharder = _graph.build(args, self.source_datapipe, self.sharder)
         return result
 
