@@ -38,9 +38,11 @@ class WebDataset(DataPipeline):
             ``with_epoch(n)``.
         shardshuffle: Shard shuffle buffer (``True`` = 100); ``None``/``False``/``0``: none.
         cache_dir: Keep downloaded shards here (``on_disk_cache``); ``cache_size`` bytes at most.
-        nodesplitter, workersplitter: Accepted; the split is automatic (see above). A splitter
-            function that is not one of webdataset's is ignored with a warning.
-        select_files, rename_files: Functions on member names, as in webdataset.
+        nodesplitter: Accepted; the split is automatic (see above). A splitter function that is
+            not one of webdataset's is ignored with a warning.
+        workersplitter: As ``nodesplitter``.
+        select_files: Keep the tar members whose name this function accepts.
+        rename_files: Rename tar members (a function of the name) before grouping.
         empty_check: Raise if a dataset read by one reader yields nothing. Default: ``True``.
         detshuffle: Seed the shard shuffle with ``seed`` + epoch when iterated without a loader.
         seed: Seed of the shard shuffle; ``WebLoader`` uses it as the loader seed.

@@ -113,9 +113,12 @@ class WebLoader(FluidInterface):
         prefetch_factor: Items each worker keeps ready. Default: ``2``.
         seed: Loader seed (a new order each epoch from it). Default: the dataset's ``seed``, else ``0``.
         policy: How ranks are equalised: ``"stop"`` (default) or ``"pad"``.
-        shuffle, sampler, batch_sampler, worker_init_fn, generator, persistent_workers: torch
-            ``DataLoader`` arguments that have no meaning here (accepted when left at their
-            defaults; ``shuffle=True`` is an error as in torch).
+        shuffle: ``True`` is an error, as in torch for an iterable dataset.
+        sampler: Must be ``None`` (an iterable dataset has no sampler).
+        batch_sampler: Must be ``None``.
+        worker_init_fn: Accepted for torch compatibility; not used.
+        generator: Accepted for torch compatibility; the loader seeds (``seed``).
+        persistent_workers: Accepted; workers always persist across epochs.
     """
 
     def __init__(

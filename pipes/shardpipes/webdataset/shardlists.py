@@ -127,7 +127,8 @@ class ResampledShards(StageIterDataPipe[dict[str, str]]):
         urls: URLs or a brace pattern.
         nshards: Stop after this many. Default: endless.
         seed: Seed when iterated without a shardpipes loader. Default: ``0``.
-        worker_seed, deterministic: Accepted for webdataset compatibility; the loader seeds.
+        worker_seed: Accepted for webdataset compatibility; the loader seeds.
+        deterministic: Accepted for webdataset compatibility; always deterministic.
         max_urls: Most URLs taken from an iterable ``urls``.
         empty_check: Raise ``ValueError`` for an empty list.
     """

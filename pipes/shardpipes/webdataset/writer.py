@@ -168,7 +168,9 @@ class TarWriter:
 
     Args:
         fileobj: A writable binary stream, or a path/URL (opened with fsspec).
-        user, group, mode: Owner names and permissions of the members.
+        user: Owner user name of the members.
+        group: Owner group name of the members.
+        mode: Permissions of the members.
         compress: ``True``/``"gz"``, ``"bz2"``, ``"xz"``; or, for a file name, by its suffix.
         encoder: See :func:`make_encoder`. Default: by extension.
         keep_meta: Also write ``_``-fields (not ``__key__``).
