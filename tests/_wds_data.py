@@ -22,7 +22,13 @@ def image(i: int, *, gray: bool = False, size: int = 8) -> np.ndarray:
     """A small deterministic image: ``size x size`` RGB, or 2-D grayscale."""
     y, x = np.mgrid[0:size, 0:size]
     base = ((x * 17 + y * 5 + i * 13) % 256).astype(np.uint8)
-    return base if gray else np.stack([base, base[::-1], ((base.astype(np.int64) + 64) % 256).astype(np.uint8)], axis=2)
+    return (
+        base
+        if gray
+        else np.stack(
+            [base, base[::-1], ((base.astype(np.int64) + 64) % 256).astype(np.uint8)], axis=2
+        )
+    )
 
 
 def write_image_shards(

@@ -14,10 +14,10 @@ import torch
 from torch.utils.data import IterDataPipe
 
 import shardpipes.webdataset as wds
+from _wds_data import encode, image, write_image_shards
 from shardpipes.errors import SkippedInputWarning
 from shardpipes.synthetic import write_synthetic
 from shardpipes.webdataset import autodecode
-from _wds_data import encode, image, write_image_shards
 
 
 @pytest.fixture
@@ -49,7 +49,12 @@ def test_webdataset_is_a_datapipe_with_one_sharding_filter(img_shards):
 
 def test_readme_example_fluid(img_shards):
     # webdataset README: WebDataset(url).shuffle(1000).decode("torchrgb").to_tuple("jpg;png", "json")
-    dataset = wds.WebDataset(img_shards, shardshuffle=100).shuffle(1000).decode("torchrgb").to_tuple("jpg;png", "json")
+    dataset = (
+        wds.WebDataset(img_shards, shardshuffle=100)
+        .shuffle(1000)
+        .decode("torchrgb")
+        .to_tuple("jpg;png", "json")
+    )
     images = list(dataset)
     assert len(images) == 12
     x, meta = images[0]
@@ -74,7 +79,13 @@ def test_readme_example_datapipeline(img_shards):
 
 
 def test_readme_example_webloader(img_shards):
-    dataset = wds.WebDataset(img_shards, shardshuffle=100).shuffle(100).decode("torchrgb").to_tuple("jpg;png", "cls").batched(2)
+    dataset = (
+        wds.WebDataset(img_shards, shardshuffle=100)
+        .shuffle(100)
+        .decode("torchrgb")
+        .to_tuple("jpg;png", "cls")
+        .batched(2)
+    )
     loader = wds.WebLoader(dataset, batch_size=None, num_workers=2)
     loader = loader.unbatched().shuffle(100).batched(3)
     try:
@@ -108,7 +119,9 @@ def test_readme_example_webloader(img_shards):
 @pytest.mark.parametrize("gray", [False, True], ids=["rgb-file", "gray-file"])
 def test_image_specs_convert_like_webdataset(spec, check, gray):
     data = encode(image(3, gray=gray), "PNG")
-    value = autodecode.Decoder([autodecode.imagehandler(spec)]).decode({"__key__": "k", "png": data})["png"]
+    value = autodecode.Decoder([autodecode.imagehandler(spec)]).decode(
+        {"__key__": "k", "png": data}
+    )["png"]
     assert check(value)
 
 
@@ -134,13 +147,19 @@ def test_pickle_is_refused_by_default():
 
 
 def test_handler_functions_and_handle_extension():
-    dec = wds.Decoder([wds.handle_extension("seg.png", lambda d: "seg"), wds.handle_extension("png", len)])
+    dec = wds.Decoder(
+        [wds.handle_extension("seg.png", lambda d: "seg"), wds.handle_extension("png", len)]
+    )
     out = dec.decode({"x.seg.png": b"abc", "png": b"abcd"})
     assert out == {"x.seg.png": "seg", "png": 4}
 
 
 def test_to_tuple_alternatives_and_rename(img_shards):
-    ds = wds.WebDataset(img_shards, shardshuffle=False).rename(image="jpg;png", label="cls").to_tuple("image label")
+    ds = (
+        wds.WebDataset(img_shards, shardshuffle=False)
+        .rename(image="jpg;png", label="cls")
+        .to_tuple("image label")
+    )
     pairs = list(ds)
     assert len(pairs) == 12 and all(isinstance(img, bytes) for img, _ in pairs)
     assert [int(lbl) for _, lbl in pairs] == [i % 5 for i in range(12)]
@@ -238,6 +257,7 @@ def test_empty_dataset_raises_for_one_reader(tmp_path):
 
 def test_custom_nodesplitter_is_ignored_with_a_warning(img_shards):
     with pytest.warns(UserWarning, match="nodesplitter=my_split.*is ignored"):
+
         def my_split(src):
             yield from src
 
@@ -248,13 +268,22 @@ def test_tarwriter_and_shardwriter_round_trip(tmp_path):
     pattern = os.fspath(tmp_path / "out-%03d.tar")
     with wds.ShardWriter(pattern, maxcount=3, verbose=0) as sink:
         for i in range(7):
-            sink.write({"__key__": f"k{i}", "cls": i, "png": image(i), "json": {"i": i}, "txt": "t"})
+            sink.write(
+                {"__key__": f"k{i}", "cls": i, "png": image(i), "json": {"i": i}, "txt": "t"}
+            )
     names = sorted(os.listdir(tmp_path))
     assert names == ["out-000.tar", "out-001.tar", "out-002.tar"]
-    got = list(wds.WebDataset(os.fspath(tmp_path / "out-{000..002}.tar"), shardshuffle=False).decode("rgb8"))
+    got = list(
+        wds.WebDataset(os.fspath(tmp_path / "out-{000..002}.tar"), shardshuffle=False).decode(
+            "rgb8"
+        )
+    )
     assert [s["cls"] for s in got] == list(range(7))
     assert (got[2]["png"] == image(2)).all()
     assert got[3]["json"] == {"i": 3}
     with wds.TarWriter(os.fspath(tmp_path / "one.tgz")) as sink:
         sink.write({"__key__": "a", "txt": "hello"})
-    assert [s["txt"] for s in wds.WebDataset(os.fspath(tmp_path / "one.tgz"), shardshuffle=False).decode()] == ["hello"]
+    assert [
+        s["txt"]
+        for s in wds.WebDataset(os.fspath(tmp_path / "one.tgz"), shardshuffle=False).decode()
+    ] == ["hello"]

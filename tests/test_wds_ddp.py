@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from _dist import run_ranks
-from _wds_data import write_image_shards
 
 import shardpipes.webdataset as wds
+from _dist import run_ranks
+from _wds_data import write_image_shards
 
 pytestmark = pytest.mark.distributed
 
@@ -34,7 +34,12 @@ def pipeline_resampled(rank, world, urls, bs, epochs):
         .map(preprocess)
         .with_epoch(6)
     )
-    loader = wds.WebLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="fork").unbatched().shuffle(1000).batched(bs)
+    loader = (
+        wds.WebLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="fork")
+        .unbatched()
+        .shuffle(1000)
+        .batched(bs)
+    )
     counts = []
     try:
         for _ in range(epochs):
@@ -96,7 +101,7 @@ def test_resampled_with_epoch_and_loader_rebatching_equal_on_ranks(tmp_path):
 def test_ddp_equalize_gives_the_requested_count_and_no_duplicates(tmp_path):
     urls = write_image_shards(tmp_path, shards=8, per_shard=6, exts=("png",))
     results = run_ranks(pipeline_equalized, 2, urls, 4, 48, True)
-    for counts, gathered, length in results:
+    for counts, _, length in results:
         assert counts == [6, 6] and length == 6  # 48 // 4 batches split over 2 ranks
     gathered = results[0][1]
     epoch_ids = [ids[: 6 * 4] for ids in gathered]  # each rank's first epoch

@@ -12,21 +12,39 @@ import subprocess
 import sys
 
 import pytest
+
 from _wds_data import write_image_shards
 from test_examples import require
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-LINE = re.compile(r"rank (?P<rank>\d) epoch (?P<epoch>\d): (?P<batches>\d+) batches ids (?P<ids>[\d,]*)")
+LINE = re.compile(
+    r"rank (?P<rank>\d) epoch (?P<epoch>\d): (?P<batches>\d+) batches ids (?P<ids>[\d,]*)"
+)
 
 
 def run_app(tmp_path, pipeline, shards):
     require("lightning")
     urls = write_image_shards(tmp_path / "data", shards=shards, per_shard=6, exts=("png",))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE) + "/pipes", HERE, os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, os.path.join(HERE, "wds_lightning_app.py"), "--data", os.path.dirname(urls[0]), "--pipeline", pipeline]
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [os.path.dirname(HERE) + "/pipes", HERE, os.environ.get("PYTHONPATH", "")]
+        ),
+    )
+    cmd = [
+        sys.executable,
+        os.path.join(HERE, "wds_lightning_app.py"),
+        "--data",
+        os.path.dirname(urls[0]),
+        "--pipeline",
+        pipeline,
+    ]
     out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
-    found = {(int(m["epoch"]), int(m["rank"])): (int(m["batches"]), m["ids"]) for m in LINE.finditer(out.stdout)}
+    found = {
+        (int(m["epoch"]), int(m["rank"])): (int(m["batches"]), m["ids"])
+        for m in LINE.finditer(out.stdout)
+    }
     assert sorted(found) == [(0, 0), (0, 1), (1, 0), (1, 1)], out.stdout + out.stderr
     return found
 

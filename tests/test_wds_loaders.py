@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _wds_data import write_image_shards
 
 import shardpipes.webdataset as wds
+from _wds_data import write_image_shards
 
 
 def to_chw(img):
@@ -34,7 +34,9 @@ def clip_loader(urls, seed, epoch_batches):
 
 @pytest.fixture
 def clip_shards(tmp_path):
-    return write_image_shards(tmp_path, shards=4, per_shard=8, gray_every=5, exts=("jpg", "png", "jpeg", "webp"))
+    return write_image_shards(
+        tmp_path, shards=4, per_shard=8, gray_every=5, exts=("jpg", "png", "jpeg", "webp")
+    )
 
 
 def _epochs(loader, n):
@@ -57,7 +59,11 @@ def test_clip_loader_epochs_are_fixed_seeded_and_differ(clip_shards):
 
 
 def test_clip_images_are_rgb_whatever_the_file(clip_shards):
-    ds = wds.WebDataset(clip_shards, shardshuffle=False).decode("pilrgb").rename(image="jpg;png;jpeg;webp", text="txt")
+    ds = (
+        wds.WebDataset(clip_shards, shardshuffle=False)
+        .decode("pilrgb")
+        .rename(image="jpg;png;jpeg;webp", text="txt")
+    )
     samples = list(ds)
     assert len(samples) == 32
     assert {s["image"].mode for s in samples} == {"RGB"}

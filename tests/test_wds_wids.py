@@ -7,10 +7,10 @@ import os
 
 import pytest
 import torch.distributed as dist
-from _dist import run_ranks
-from _wds_data import write_image_shards
 from torch.utils.data import DataLoader
 
+from _dist import run_ranks
+from _wds_data import write_image_shards
 from shardpipes.index import build_index, default_index_url
 from shardpipes.webdataset.wids import ChunkedSampler, DistributedChunkedSampler, ShardListDataset
 
@@ -22,7 +22,12 @@ def shards(tmp_path):
 
 def descriptor(tmp_path, urls, counts):
     path = os.fspath(tmp_path / "train.json")
-    doc = {"name": "t", "shardlist": [{"url": os.path.basename(u), "nsamples": n} for u, n in zip(urls, counts, strict=True)]}
+    doc = {
+        "name": "t",
+        "shardlist": [
+            {"url": os.path.basename(u), "nsamples": n} for u, n in zip(urls, counts, strict=True)
+        ],
+    }
     with open(path, "w") as f:
         json.dump(doc, f)
     return path
@@ -32,7 +37,9 @@ def test_descriptor_len_getitem_and_transform(tmp_path, shards):
     ds = ShardListDataset(descriptor(tmp_path, shards, [5, 5, 5]))
     assert len(ds) == 15
     sample = ds[7]
-    assert sample["__key__"] == "s00007" and sample["__index__"] == 7 and sample["__shardindex__"] == 2
+    assert (
+        sample["__key__"] == "s00007" and sample["__index__"] == 7 and sample["__shardindex__"] == 2
+    )
     assert sample[".cls"] == 7 % 5 and sample[".txt"] == "caption 7"
     assert sample[".jpg"].size == (8, 8)  # opened with PIL, as wids' default "PIL" decoding
     ds.add_transform(lambda s: s[".json"]["id"])
@@ -67,7 +74,9 @@ def test_chunked_sampler_covers_every_index_and_reshuffles():
 def _notebook(rank, world, path):
     ds = ShardListDataset(path)
     ds.add_transform(lambda s: s[".json"]["id"])
-    loader = DataLoader(ds, batch_size=2, sampler=DistributedChunkedSampler(ds, chunksize=4), num_workers=0)
+    loader = DataLoader(
+        ds, batch_size=2, sampler=DistributedChunkedSampler(ds, chunksize=4), num_workers=0
+    )
     ids = [int(i) for batch in loader for i in batch]
     gathered = [None] * world
     dist.all_gather_object(gathered, ids)

@@ -45,7 +45,12 @@ def make_loader(urls, pipeline, bs):
             .map(preprocess)
             .with_epoch(6)
         )
-        return wds.WebLoader(dataset, batch_size=None, num_workers=2).unbatched().shuffle(1000).batched(bs)
+        return (
+            wds.WebLoader(dataset, batch_size=None, num_workers=2)
+            .unbatched()
+            .shuffle(1000)
+            .batched(bs)
+        )
     dataset = (
         wds.WebDataset(urls)
         .decode("pil")
@@ -79,7 +84,9 @@ class Model(L.LightningModule):
 
     def on_train_epoch_end(self):
         ids = ",".join(map(str, sorted(self.ids)))
-        sys.stdout.write(f"rank {self.global_rank} epoch {self.current_epoch}: {self.batches} batches ids {ids}\n")
+        sys.stdout.write(
+            f"rank {self.global_rank} epoch {self.current_epoch}: {self.batches} batches ids {ids}\n"
+        )
         sys.stdout.flush()
         self.batches, self.ids = 0, []
 

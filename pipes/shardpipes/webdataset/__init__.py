@@ -78,6 +78,7 @@ class MockDataset(DataPipeline):
     def __init__(self, sample: object, length: int) -> None:
         super().__init__(IterableWrapper([sample] * length, deepcopy=False))
 
+
 __all__ = [
     "Cached",
     "Continue",
@@ -86,10 +87,10 @@ __all__ = [
     "DecodingError",
     "FluidInterface",
     "FluidWrapper",
+    "MockDataset",
     "PipelineStage",
     "ResampledShardList",
     "ResampledShards",
-    "MockDataset",
     "ShardWriter",
     "SimpleShardList",
     "TarWriter",

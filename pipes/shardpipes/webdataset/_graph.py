@@ -18,7 +18,7 @@ import random
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
-from typing import Any
+from typing import Any, cast
 
 from torch.utils.data import IterDataPipe
 
@@ -29,13 +29,23 @@ from shardpipes.webdataset import filters, utils
 from shardpipes.webdataset.handlers import reraise_exception
 from shardpipes.webdataset.shardlists import SPLITTERS
 
-__all__ = ["EmptyCheck", "FilterStage", "ShuffleStage", "TarfileToSamples", "build", "tarfile_samples", "tarfile_to_samples"]
+__all__ = [
+    "EmptyCheck",
+    "FilterStage",
+    "ShuffleStage",
+    "TarfileToSamples",
+    "build",
+    "tarfile_samples",
+    "tarfile_to_samples",
+]
 
 
 class FilterStage(StageIterDataPipe[Any]):
     """Run a webdataset stage function ``fn(iterator) -> iterator`` as a DataPipe."""
 
-    def __init__(self, source_datapipe: IterDataPipe[Any], fn: Callable[[Iterator[Any]], Iterable[Any]]) -> None:
+    def __init__(
+        self, source_datapipe: IterDataPipe[Any], fn: Callable[[Iterator[Any]], Iterable[Any]]
+    ) -> None:
         self.source_datapipe = source_datapipe
         self.fn = fn
 
@@ -51,7 +61,16 @@ class ShuffleStage(StageIterDataPipe[Any]):
     at all shuffles differently every time.
     """
 
-    def __init__(self, source_datapipe: IterDataPipe[Any], bufsize: int = 1000, initial: int = 100, seed: Any = None, *, epoch_seeded: bool = False, counter: Any = None) -> None:
+    def __init__(
+        self,
+        source_datapipe: IterDataPipe[Any],
+        bufsize: int = 1000,
+        initial: int = 100,
+        seed: Any = None,
+        *,
+        epoch_seeded: bool = False,
+        counter: Any = None,
+    ) -> None:
         self.source_datapipe = source_datapipe
         self.bufsize = bufsize
         self.initial = initial
@@ -110,7 +129,9 @@ class EmptyCheck(StageIterDataPipe[Any]):
 class MemberFilter(StageIterDataPipe[Any]):
     """Apply webdataset's ``select_files`` / ``rename_files`` to ``(path, stream)`` tar members."""
 
-    def __init__(self, source_datapipe: IterDataPipe[Any], select_files: Any, rename_files: Any) -> None:
+    def __init__(
+        self, source_datapipe: IterDataPipe[Any], select_files: Any, rename_files: Any
+    ) -> None:
         self.source_datapipe = source_datapipe
         self.select_files = select_files
         self.rename_files = rename_files
@@ -140,7 +161,8 @@ class _Stream(io.RawIOBase):
         return True
 
     def read(self, n: int | None = -1) -> bytes:
-        return self.outer.read(-1 if n is None else n)
+        data: bytes = self.outer.read(-1 if n is None else n)
+        return data
 
     def readinto(self, buffer: Any) -> int:
         data = self.outer.read(len(buffer))
@@ -154,7 +176,12 @@ class _Stream(io.RawIOBase):
         super().close()
 
 
-_DECOMPRESSORS = {".gz": gzip.GzipFile, ".tgz": gzip.GzipFile, ".bz2": bz2.BZ2File, ".xz": lzma.LZMAFile}
+_DECOMPRESSORS = {
+    ".gz": gzip.GzipFile,
+    ".tgz": gzip.GzipFile,
+    ".bz2": bz2.BZ2File,
+    ".xz": lzma.LZMAFile,
+}
 
 
 class Decompressed(StageIterDataPipe[Any]):
@@ -175,11 +202,12 @@ class Decompressed(StageIterDataPipe[Any]):
 
 def url_of(item: Any) -> str:
     """The URL of a shard-list item (``{"url": u}`` or ``u``)."""
-    return item["url"] if isinstance(item, dict) else item
+    url: str = item["url"] if isinstance(item, dict) else item
+    return url
 
 
 def to_wds_sample(sample: dict[str, Any]) -> dict[str, Any]:
-    """shardpipes sample -> webdataset sample: field names without the dot, lower-cased."""
+    """Shardpipes sample -> webdataset sample: field names without the dot, lower-cased."""
     out = {"__key__": sample["__key__"], "__url__": sample["__url__"]}
     for k, v in sample.items():
         if k[:1] == ".":
@@ -207,7 +235,16 @@ def _policy(handler: Callable[[BaseException], bool]) -> Any:
 class TarfileToSamples:
     """The ``wds.tarfile_to_samples(...)`` stage: the shardpipes tar reader, webdataset's samples."""
 
-    def __init__(self, handler: Callable[[BaseException], bool] = reraise_exception, select_files: Any = None, rename_files: Any = None, *, cache_dir: str | None = None, cache_size: int = -1, storage_options: Any = None) -> None:
+    def __init__(
+        self,
+        handler: Callable[[BaseException], bool] = reraise_exception,
+        select_files: Any = None,
+        rename_files: Any = None,
+        *,
+        cache_dir: str | None = None,
+        cache_size: int = -1,
+        storage_options: Any = None,
+    ) -> None:
         self.handler = handler
         self.select_files = select_files
         self.rename_files = rename_files
@@ -220,26 +257,37 @@ class TarfileToSamples:
         dp = urls.map(url_of)
         if self.cache_dir is not None and self.cache_size != 0:
             max_bytes = self.cache_size if self.cache_size > 0 else None
-            dp = dp.on_disk_cache(self.cache_dir, max_bytes=max_bytes, storage_options=self.storage_options)
+            dp = dp.on_disk_cache(
+                self.cache_dir, max_bytes=max_bytes, storage_options=self.storage_options
+            )
         dp = dp.open_files_by_fsspec(mode="rb", storage_options=self.storage_options)
         dp = Decompressed(dp)
         dp = dp.load_from_tar(handler=_policy(self.handler))
         if self.select_files is not None or self.rename_files is not None:
             dp = MemberFilter(dp, self.select_files, self.rename_files)
         dp = dp.webdataset(handler=_GroupingPolicy(self.handler))
-        return dp.map(to_wds_sample)
+        return cast(IterDataPipe[Any], dp.map(to_wds_sample))
 
     def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
         """Read the shards of ``src`` (``{"url": u}`` items) directly, outside a pipeline."""
         yield from self.build(IterableWrapper(list(src), deepcopy=False))
 
 
-def tarfile_to_samples(handler: Callable[[BaseException], bool] = reraise_exception, select_files: Any = None, rename_files: Any = None) -> TarfileToSamples:
+def tarfile_to_samples(
+    handler: Callable[[BaseException], bool] = reraise_exception,
+    select_files: Any = None,
+    rename_files: Any = None,
+) -> TarfileToSamples:
     """The stage that reads tar shards into samples ``{"__key__", "__url__", "jpg": bytes, ...}``."""
     return TarfileToSamples(handler, select_files, rename_files)
 
 
-def tarfile_samples(src: Iterable[Any], handler: Callable[[BaseException], bool] = reraise_exception, select_files: Any = None, rename_files: Any = None) -> Iterator[Any]:
+def tarfile_samples(
+    src: Iterable[Any],
+    handler: Callable[[BaseException], bool] = reraise_exception,
+    select_files: Any = None,
+    rename_files: Any = None,
+) -> Iterator[Any]:
     """Read the shards of ``src`` (``{"url": u}`` items) into samples."""
     return TarfileToSamples(handler, select_files, rename_files)(src)
 
@@ -271,7 +319,9 @@ def _is_curried(stage: Any, fn: Callable[..., Any]) -> bool:
     return isinstance(stage, filters.FilterFunction) and stage.f is fn
 
 
-def build(stages: Iterable[Any], dp: IterDataPipe[Any] | None = None, sharder: Any = None) -> tuple[IterDataPipe[Any] | None, Any]:
+def build(
+    stages: Iterable[Any], dp: IterDataPipe[Any] | None = None, sharder: Any = None
+) -> tuple[IterDataPipe[Any] | None, Any]:
     """Append ``stages`` to ``dp``; return the graph and its sharding stage (or ``None``)."""
     for stage in stages:
         if dp is None:
@@ -288,7 +338,9 @@ def build(stages: Iterable[Any], dp: IterDataPipe[Any] | None = None, sharder: A
         elif _is_curried(stage, filters._shuffle):
             dp = _shuffle_stage(dp, stage)
         elif isinstance(stage, filters.detshuffle):
-            dp = ShuffleStage(dp, stage.bufsize, stage.initial, stage.seed, epoch_seeded=True, counter=stage)
+            dp = ShuffleStage(
+                dp, stage.bufsize, stage.initial, stage.seed, epoch_seeded=True, counter=stage
+            )
         elif isinstance(stage, IterDataPipe):
             raise ValueError(f"{stage!r}: a DataPipe can only be the first stage of a pipeline")
         elif isinstance(stage, utils.PipelineStage):

@@ -58,11 +58,71 @@ pytorch_weights_only = os.environ.get("WDS_PYTORCH_WEIGHTS_ONLY", "0") == "1"
 
 # The extensions PIL can open (PIL.Image.EXTENSION restricted to formats in PIL.Image.OPEN),
 # the same list webdataset passes to its image decoder.
-IMAGE_EXTENSIONS = (
-    "blp bmp dib bufr cur pcx dcx dds ps eps fit fits fli flc ftc ftu gbr gif grib h5 hdf png "
-    "apng jp2 j2k jpc jpf jpx j2c icns ico im iim tif tiff jfif jpe jpg jpeg mpg mpeg msp pcd "
-    "pxr pbm pgm ppm pnm psd bw rgb rgba sgi ras tga icb vda vst webp wmf emf xbm xpm"
-).split()
+IMAGE_EXTENSIONS = [
+    "blp",
+    "bmp",
+    "dib",
+    "bufr",
+    "cur",
+    "pcx",
+    "dcx",
+    "dds",
+    "ps",
+    "eps",
+    "fit",
+    "fits",
+    "fli",
+    "flc",
+    "ftc",
+    "ftu",
+    "gbr",
+    "gif",
+    "grib",
+    "h5",
+    "hdf",
+    "png",
+    "apng",
+    "jp2",
+    "j2k",
+    "jpc",
+    "jpf",
+    "jpx",
+    "j2c",
+    "icns",
+    "ico",
+    "im",
+    "iim",
+    "tif",
+    "tiff",
+    "jfif",
+    "jpe",
+    "jpg",
+    "jpeg",
+    "mpg",
+    "mpeg",
+    "msp",
+    "pcd",
+    "pxr",
+    "pbm",
+    "pgm",
+    "ppm",
+    "pnm",
+    "psd",
+    "bw",
+    "rgb",
+    "rgba",
+    "sgi",
+    "ras",
+    "tga",
+    "icb",
+    "vda",
+    "vst",
+    "webp",
+    "wmf",
+    "emf",
+    "xbm",
+    "xpm",
+]
 
 
 def _last_ext(key: str) -> str:
@@ -88,7 +148,7 @@ def unpickle_loads(data: bytes) -> Any:
             "Unpickling is not allowed for security reasons when enforce_security is set "
             "(shardpipes.webdataset.utils.enforce_security = False, or WDS_SECURE=0, allows it)"
         )
-    return pickle.loads(data)  # noqa: S301 - only when the user turned enforce_security off
+    return pickle.loads(data)
 
 
 def torch_loads(data: bytes) -> Any:
@@ -166,7 +226,9 @@ def basichandlers(key: str, data: bytes) -> Any:
     return fn(data) if fn is not None else None
 
 
-def call_extension_handler(key: str, data: bytes, f: Callable[[bytes], Any], extensions: Sequence[str]) -> Any:
+def call_extension_handler(
+    key: str, data: bytes, f: Callable[[bytes], Any], extensions: Sequence[str]
+) -> Any:
     """Return ``f(data)`` when ``key`` ends with one of ``extensions`` (dot-separated parts), else ``None``."""
     parts = key.lower().split(".")
     for target in extensions:
@@ -226,15 +288,16 @@ class ImageHandler:
         self.extensions = set(extensions)
 
     def __call__(self, key: str, data: bytes) -> Any:
+        """Decode ``data`` if ``key`` names an image extension, else return ``None``."""
         if _last_ext(key).lower() not in self.extensions:
             return None
         import PIL.Image
 
         atype, etype, mode = imagespecs[self.imagespec]
         with io.BytesIO(data) as stream:
-            img = PIL.Image.open(stream)
-            img.load()
-            img = img.convert(mode.upper())
+            opened = PIL.Image.open(stream)
+            opened.load()
+            img = opened.convert(mode.upper())
         if atype == "pil":
             return img
         result = np.asarray(img)
@@ -287,7 +350,9 @@ def _read_audio(fname: str) -> Any:
 
 def torch_video(key: str, data: bytes) -> Any:
     """Decode video with ``torchvision.io.read_video`` (mp4 ogv mjpeg avi mov h264 mpg webm wmv)."""
-    return _decode_file(key, data, "mp4 ogv mjpeg avi mov h264 mpg webm wmv".split(), _read_video)
+    return _decode_file(
+        key, data, ["mp4", "ogv", "mjpeg", "avi", "mov", "h264", "mpg", "webm", "wmv"], _read_video
+    )
 
 
 def torch_audio(key: str, data: bytes) -> Any:
@@ -404,6 +469,7 @@ class Decoder:
         return result
 
     def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
+        """Decode ``sample``."""
         return self.decode(sample)
 
 

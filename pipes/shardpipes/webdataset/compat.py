@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from shardpipes.webdataset import _graph, shardlists
+from shardpipes.webdataset import _graph, filters, shardlists
 from shardpipes.webdataset.handlers import reraise_exception
 from shardpipes.webdataset.pipeline import DataPipeline, FluidInterface
 
@@ -16,7 +16,7 @@ __all__ = ["FluidInterface", "FluidWrapper", "WebDataset"]
 
 
 def pipe_cleaner(spec: str) -> str:
-    """webdataset's URL-to-cache-name rule (accepted; the shardpipes cache names entries itself)."""
+    """Webdataset's URL-to-cache-name rule (accepted; the shardpipes cache names entries itself)."""
     return spec
 
 
@@ -83,7 +83,9 @@ class WebDataset(DataPipeline):
         if shardshuffle is True:
             shardshuffle = 100
         if mode == "resampled" and shardshuffle not in (None, False, 0):
-            warnings.warn("WebDataset(shardshuffle=...) is ignored for resampled datasets", stacklevel=2)
+            warnings.warn(
+                "WebDataset(shardshuffle=...) is ignored for resampled datasets", stacklevel=2
+            )
             shardshuffle = None
         env_seed = os.environ.get("WDS_SEED")
         if seed is None and env_seed is not None:
@@ -104,12 +106,14 @@ class WebDataset(DataPipeline):
         else:
             self.append(shardlists.SimpleShardList(urls))
             if repeat:
-                self.append(_graph.filters.FilterFunction(_cycle))
+                self.append(filters.FilterFunction(_cycle))
         if shardshuffle:
             self.append(
-                _graph.filters.detshuffle(int(shardshuffle), seed=seed or 0)
+                filters.detshuffle(int(shardshuffle), seed=seed or 0)
                 if detshuffle
-                else _graph.filters.shuffle(int(shardshuffle), seed=seed if seed is not None else random.randrange(2**31))
+                else filters.shuffle(
+                    int(shardshuffle), seed=seed if seed is not None else random.randrange(2**31)
+                )
             )
         self.append(shardlists.split_by_node)
         self.append(
@@ -122,7 +126,7 @@ class WebDataset(DataPipeline):
                 storage_options=storage_options,
             )
         )
-        if empty_check:
+        if empty_check and self.source_datapipe is not None:
             self.source_datapipe = _graph.EmptyCheck(self.source_datapipe, self.sharder)
 
     def __enter__(self) -> WebDataset:
@@ -138,7 +142,7 @@ def _cycle(src: Any) -> Any:
         yield from items
 
 
-class FluidWrapper(DataPipeline, FluidInterface):
+class FluidWrapper(DataPipeline, FluidInterface):  # type: ignore[misc]  # webdataset's map/shuffle
     """Give any iterable (or DataPipe) webdataset's chainable methods."""
 
     def __init__(self, initial: Any) -> None:

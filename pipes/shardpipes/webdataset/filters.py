@@ -69,7 +69,8 @@ class FilterFunction:
         self.args = args
         self.kw = kw
 
-    def __call__(self, data: Iterable[Any]) -> Iterator[Any]:
+    def __call__(self, data: Iterable[Any]) -> Any:
+        """Run the stage function on ``data``."""
         return self.f(data, *self.args, **self.kw)
 
     def __repr__(self) -> str:
@@ -84,6 +85,7 @@ class RestCurried:
         functools.update_wrapper(self, f)
 
     def __call__(self, *args: Any, **kw: Any) -> FilterFunction:
+        """Bind the arguments."""
         return FilterFunction(self.f, *args, **kw)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -95,7 +97,9 @@ def pipelinefilter(f: Callable[..., Any]) -> RestCurried:
     return RestCurried(f)
 
 
-def getfirst(a: dict[str, Any], keys: str | list[str], default: Any = None, missing_is_error: bool = True) -> Any:
+def getfirst(
+    a: dict[str, Any], keys: str | list[str], default: Any = None, missing_is_error: bool = True
+) -> Any:
     """Return ``a[k]`` for the first of ``keys`` (a list, or ``"jpg;png"``) present in ``a``."""
     if isinstance(keys, str):
         if " " in keys:
@@ -129,7 +133,15 @@ def transform_with(sample: Any, transformers: list[Callable[[Any], Any] | None] 
     return result
 
 
-def _info(data: Iterable[Any], fmt: str | None = None, n: int = 3, every: int = -1, width: int = 50, stream: Any = None, name: str = "") -> Iterator[Any]:
+def _info(
+    data: Iterable[Any],
+    fmt: str | None = None,
+    n: int = 3,
+    every: int = -1,
+    width: int = 50,
+    stream: Any = None,
+    name: str = "",
+) -> Iterator[Any]:
     stream = sys.stderr if stream is None else stream
     for i, sample in enumerate(data):
         if i < n or (every > 0 and (i + 1) % every == 0):
@@ -153,8 +165,10 @@ def _pick(buf: list[Any], rng: random.Random) -> Any:
     return sample
 
 
-def shuffle_iter(data: Iterable[Any], bufsize: int, initial: int, rng: random.Random) -> Iterator[Any]:
-    """webdataset's buffered shuffle: fill to ``initial`` (two items per step), then draw at random."""
+def shuffle_iter(
+    data: Iterable[Any], bufsize: int, initial: int, rng: random.Random
+) -> Iterator[Any]:
+    """Webdataset's buffered shuffle: fill to ``initial`` (two items per step), then draw at random."""
     data = iter(data)
     initial = min(initial, bufsize)
     buf: list[Any] = []
@@ -175,7 +189,14 @@ def _unseeded() -> random.Random:
     return random.Random(int((os.getpid() + time.time()) * 1e9))
 
 
-def _shuffle(data: Iterable[Any], bufsize: int = 1000, initial: int = 100, rng: random.Random | None = None, seed: Any = None, handler: Any = None) -> Iterator[Any]:
+def _shuffle(
+    data: Iterable[Any],
+    bufsize: int = 1000,
+    initial: int = 100,
+    rng: random.Random | None = None,
+    seed: Any = None,
+    handler: Any = None,
+) -> Iterator[Any]:
     if seed is not None:
         if rng is not None:
             raise ValueError("give shuffle either rng or seed, not both")
@@ -188,22 +209,27 @@ def _shuffle(data: Iterable[Any], bufsize: int = 1000, initial: int = 100, rng: 
 shuffle = pipelinefilter(_shuffle)
 
 
-class detshuffle(utils.PipelineStage):  # noqa: N801 - webdataset's name
+class detshuffle(utils.PipelineStage):
     """A shuffle seeded by ``seed`` and the epoch, which counts up at each run."""
 
-    def __init__(self, bufsize: int = 1000, initial: int = 100, seed: int = 0, epoch: int = -1) -> None:
+    def __init__(
+        self, bufsize: int = 1000, initial: int = 100, seed: int = 0, epoch: int = -1
+    ) -> None:
         self.bufsize = bufsize
         self.initial = initial
         self.seed = seed
         self.epoch = epoch
 
     def run(self, src: Iterable[Any]) -> Iterator[Any]:
+        """Shuffle ``src`` with the next epoch's seed."""
         self.epoch += 1
         rng = random.Random(utils.make_seed(self.seed, self.epoch))
         return shuffle_iter(src, self.bufsize, self.initial, rng)
 
 
-def _guarded(data: Iterable[Any], fn: Callable[[Any], Any], handler: Callable[[BaseException], bool]) -> Iterator[tuple[Any, Any]]:
+def _guarded(
+    data: Iterable[Any], fn: Callable[[Any], Any], handler: Callable[[BaseException], bool]
+) -> Iterator[tuple[Any, Any]]:
     """Yield ``(sample, fn(sample))``; on an error ask ``handler``: skip (True) or stop (False)."""
     for sample in data:
         try:
@@ -224,7 +250,12 @@ def _select(data: Iterable[Any], predicate: Callable[[Any], bool]) -> Iterator[A
 select = pipelinefilter(_select)
 
 
-def _decode(data: Iterable[Any], *args: Any, handler: Callable[[BaseException], bool] = reraise_exception, **kw: Any) -> Iterator[Any]:
+def _decode(
+    data: Iterable[Any],
+    *args: Any,
+    handler: Callable[[BaseException], bool] = reraise_exception,
+    **kw: Any,
+) -> Iterator[Any]:
     handlers = [autodecode.ImageHandler(x) if isinstance(x, str) else x for x in args]
     decoder = autodecode.Decoder(handlers, **kw)
     for _, decoded in _guarded(data, decoder, handler):
@@ -234,7 +265,11 @@ def _decode(data: Iterable[Any], *args: Any, handler: Callable[[BaseException], 
 decode = pipelinefilter(_decode)
 
 
-def _map(data: Iterable[Any], f: Callable[[Any], Any], handler: Callable[[BaseException], bool] = reraise_exception) -> Iterator[Any]:
+def _map(
+    data: Iterable[Any],
+    f: Callable[[Any], Any],
+    handler: Callable[[BaseException], bool] = reraise_exception,
+) -> Iterator[Any]:
     for sample, result in _guarded(data, f, handler):
         if result is None:
             continue
@@ -243,7 +278,7 @@ def _map(data: Iterable[Any], f: Callable[[Any], Any], handler: Callable[[BaseEx
         yield result
 
 
-map = pipelinefilter(_map)  # noqa: A001 - webdataset's name
+map = pipelinefilter(_map)
 
 
 def _listify(v: Any) -> list[str]:
@@ -265,7 +300,12 @@ class _Renamer:
         return result
 
 
-def _rename(data: Iterable[Any], handler: Callable[[BaseException], bool] = reraise_exception, keep: bool = True, **kw: Any) -> Iterator[Any]:
+def _rename(
+    data: Iterable[Any],
+    handler: Callable[[BaseException], bool] = reraise_exception,
+    keep: bool = True,
+    **kw: Any,
+) -> Iterator[Any]:
     for _, result in _guarded(data, _Renamer(keep, kw), handler):
         yield result
 
@@ -273,7 +313,9 @@ def _rename(data: Iterable[Any], handler: Callable[[BaseException], bool] = rera
 rename = pipelinefilter(_rename)
 
 
-def _map_dict(data: Iterable[Any], handler: Callable[[BaseException], bool] = reraise_exception, **kw: Any) -> Iterator[Any]:
+def _map_dict(
+    data: Iterable[Any], handler: Callable[[BaseException], bool] = reraise_exception, **kw: Any
+) -> Iterator[Any]:
     if not kw:
         raise ValueError("map_dict needs at least one field=function")
     for key, f in kw.items():
@@ -292,7 +334,13 @@ def _map_dict(data: Iterable[Any], handler: Callable[[BaseException], bool] = re
 map_dict = pipelinefilter(_map_dict)
 
 
-def _to_tuple(data: Iterable[Any], *args: Any, handler: Callable[[BaseException], bool] = reraise_exception, missing_is_error: bool = True, none_is_error: bool | None = None) -> Iterator[Any]:
+def _to_tuple(
+    data: Iterable[Any],
+    *args: Any,
+    handler: Callable[[BaseException], bool] = reraise_exception,
+    missing_is_error: bool = True,
+    none_is_error: bool | None = None,
+) -> Iterator[Any]:
     if none_is_error is None:
         none_is_error = missing_is_error
     if len(args) == 1 and isinstance(args[0], str) and " " in args[0]:
@@ -311,7 +359,9 @@ def _to_tuple(data: Iterable[Any], *args: Any, handler: Callable[[BaseException]
 to_tuple = pipelinefilter(_to_tuple)
 
 
-def _map_tuple(data: Iterable[Any], *args: Any, handler: Callable[[BaseException], bool] = reraise_exception) -> Iterator[Any]:
+def _map_tuple(
+    data: Iterable[Any], *args: Any, handler: Callable[[BaseException], bool] = reraise_exception
+) -> Iterator[Any]:
     fns = [f if f is not None else utils.identity for f in args]
     for f in fns:
         if not callable(f):
@@ -346,8 +396,10 @@ def _combine(b: list[Any], combine_tensors: bool = True, combine_scalars: bool =
     return list(b)
 
 
-def default_collation_fn(samples: list[Any], combine_tensors: bool = True, combine_scalars: bool = True) -> Any:
-    """webdataset's collation: numbers -> numpy array, tensors/arrays stacked, anything else a list."""
+def default_collation_fn(
+    samples: list[Any], combine_tensors: bool = True, combine_scalars: bool = True
+) -> Any:
+    """Webdataset's collation: numbers -> numpy array, tensors/arrays stacked, anything else a list."""
     rows = [x if isinstance(x, dict) else dict(enumerate(x)) for x in samples]
     keys = set(rows[0].keys())
     for row in rows[1:]:
@@ -359,7 +411,12 @@ def default_collation_fn(samples: list[Any], combine_tensors: bool = True, combi
     return result
 
 
-def _batched(data: Iterable[Any], batchsize: int = 20, collation_fn: Callable[[list[Any]], Any] | None = default_collation_fn, partial: bool = True) -> Iterator[Any]:
+def _batched(
+    data: Iterable[Any],
+    batchsize: int = 20,
+    collation_fn: Callable[[list[Any]], Any] | None = default_collation_fn,
+    partial: bool = True,
+) -> Iterator[Any]:
     batch: list[Any] = []
     for sample in data:
         if len(batch) >= batchsize:
@@ -410,10 +467,15 @@ def _rsample(data: Iterable[Any], p: float = 0.5) -> Iterator[Any]:
 
 
 rsample = pipelinefilter(_rsample)
-slice = pipelinefilter(itertools.islice)  # noqa: A001 - webdataset's name
+slice = pipelinefilter(itertools.islice)
 
 
-def _extract_keys(source: Iterable[Any], *patterns: Any, duplicate_is_error: bool = True, ignore_missing: bool = False) -> Iterator[Any]:
+def _extract_keys(
+    source: Iterable[Any],
+    *patterns: Any,
+    duplicate_is_error: bool = True,
+    ignore_missing: bool = False,
+) -> Iterator[Any]:
     for sample in source:
         result = []
         for pattern in patterns:
@@ -432,7 +494,14 @@ def _extract_keys(source: Iterable[Any], *patterns: Any, duplicate_is_error: boo
 extract_keys = pipelinefilter(_extract_keys)
 
 
-def _rename_keys(source: Iterable[Any], *args: Any, keep_unselected: bool = False, must_match: bool = True, duplicate_is_error: bool = True, **kw: Any) -> Iterator[Any]:
+def _rename_keys(
+    source: Iterable[Any],
+    *args: Any,
+    keep_unselected: bool = False,
+    must_match: bool = True,
+    duplicate_is_error: bool = True,
+    **kw: Any,
+) -> Iterator[Any]:
     renamings = [(pattern, output) for output, pattern in args]
     renamings += [(pattern, output) for output, pattern in kw.items()]
     for sample in source:
@@ -473,8 +542,10 @@ def _decode_text(stream: io.BytesIO) -> str:
 
 def _decode_pickle(stream: io.BytesIO) -> Any:
     if utils.enforce_security:
-        raise ValueError("Unpickling is not allowed for security reasons when enforce_security is set")
-    return pickle.load(stream)  # noqa: S301 - only when the user turned enforce_security off
+        raise ValueError(
+            "Unpickling is not allowed for security reasons when enforce_security is set"
+        )
+    return pickle.load(stream)
 
 
 default_decoders = [("*.bin", _decode_bin), ("*.txt", _decode_text), ("*.pyd", _decode_pickle)]
@@ -490,7 +561,13 @@ def _find_decoder(decoders: list[tuple[str, Any]], path: str) -> Any:
     return None
 
 
-def _xdecode(source: Iterable[Any], *args: Any, must_decode: bool = True, defaults: Any = default_decoders, **kw: Any) -> Iterator[Any]:
+def _xdecode(
+    source: Iterable[Any],
+    *args: Any,
+    must_decode: bool = True,
+    defaults: Any = default_decoders,
+    **kw: Any,
+) -> Iterator[Any]:
     decoders = [*defaults, *args, *(("*." + k, v) for k, v in kw.items())]
     for sample in source:
         new = {}
@@ -521,6 +598,7 @@ class Cached(utils.PipelineStage):
         self.cached: list[Any] | None = None
 
     def run(self, source: Iterable[Any]) -> Iterator[Any]:
+        """Yield the source, recording it on the first pass; replay the record later."""
         if self.cached is not None:
             yield from self.cached
             return

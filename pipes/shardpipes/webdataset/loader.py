@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from itertools import islice
-from typing import Any
+from typing import Any, Literal, cast
 
 import torch.distributed as dist
 from torch.utils.data import IterDataPipe
@@ -31,7 +31,6 @@ from shardpipes.dataloader2 import (
 )
 from shardpipes.datapipes.iter import FullSync
 from shardpipes.datapipes.iter._base import StageIterDataPipe
-from shardpipes.webdataset import _graph
 from shardpipes.webdataset.pipeline import FluidInterface
 
 __all__ = ["WebLoader"]
@@ -66,7 +65,13 @@ class _RankSplitReadingService(DistributedReadingService):
 class _Batch(StageIterDataPipe[Any]):
     """torch ``DataLoader``'s batching, inside the workers: ``batch_size`` items, collated."""
 
-    def __init__(self, source_datapipe: IterDataPipe[Any], batch_size: int, drop_last: bool, collate_fn: Callable[[list[Any]], Any]) -> None:
+    def __init__(
+        self,
+        source_datapipe: IterDataPipe[Any],
+        batch_size: int,
+        drop_last: bool,
+        collate_fn: Callable[[list[Any]], Any],
+    ) -> None:
         self.source_datapipe = source_datapipe
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -140,7 +145,7 @@ class WebLoader(FluidInterface):
         prefetch_factor: int | None = None,
         persistent_workers: bool = False,
         seed: int | None = None,
-        policy: str = "stop",
+        policy: Literal["stop", "pad"] = "stop",
     ) -> None:
         if shuffle:
             raise ValueError(
@@ -148,7 +153,9 @@ class WebLoader(FluidInterface):
                 "dataset.shuffle(n) or loader.shuffle(n)"
             )
         if sampler is not None or batch_sampler is not None:
-            raise ValueError("WebLoader reads an iterable dataset: sampler and batch_sampler are not used")
+            raise ValueError(
+                "WebLoader reads an iterable dataset: sampler and batch_sampler are not used"
+            )
         if not isinstance(dataset, IterDataPipe):
             raise TypeError(
                 f"WebLoader needs a WebDataset, DataPipeline or IterDataPipe, got {type(dataset).__name__}"
@@ -165,7 +172,11 @@ class WebLoader(FluidInterface):
         self.timeout = timeout
         self.policy = policy
         ds_seed = getattr(dataset, "seed", None)
-        self.seed = seed if seed is not None else (ds_seed if isinstance(ds_seed, int) and ds_seed >= 0 else 0)
+        self.seed = (
+            seed
+            if seed is not None
+            else (ds_seed if isinstance(ds_seed, int) and ds_seed >= 0 else 0)
+        )
         self.pipeline: list[Any] = []
         self.repetitions = 1
         self.nsamples = -1
@@ -201,7 +212,7 @@ class WebLoader(FluidInterface):
             it: Any = iter(self._dataloader())
             for stage in self.pipeline:
                 it = stage(iter(it))
-            return it
+            return cast(Iterator[Any], it)
 
         if self.repetitions == 1:
             yield from one_epoch()
@@ -231,7 +242,9 @@ class WebLoader(FluidInterface):
 
     def __len__(self) -> int:
         if self.size is None:
-            raise TypeError("WebLoader instance doesn't have valid length (use with_length or ddp_equalize)")
+            raise TypeError(
+                "WebLoader instance doesn't have valid length (use with_length or ddp_equalize)"
+            )
         return self.size
 
     def with_length(self, n: int, silent: bool = False) -> WebLoader:

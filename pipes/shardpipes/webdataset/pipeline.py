@@ -18,9 +18,15 @@ class FluidInterface:
     """webdataset's chainable methods; each returns a new pipeline with one more stage."""
 
     def compose(self, *args: Any) -> Any:  # pragma: no cover - provided by the subclasses
+        """Return a copy with ``args`` appended as stages."""
         raise NotImplementedError
 
-    def batched(self, batchsize: int, collation_fn: Callable[[list[Any]], Any] | None = filters.default_collation_fn, partial: bool = True) -> Any:
+    def batched(
+        self,
+        batchsize: int,
+        collation_fn: Callable[[list[Any]], Any] | None = filters.default_collation_fn,
+        partial: bool = True,
+    ) -> Any:
         """Group ``batchsize`` samples and collate them (``partial=False`` drops a short last batch)."""
         return self.compose(filters.batched(batchsize, collation_fn=collation_fn, partial=partial))
 
@@ -42,17 +48,29 @@ class FluidInterface:
             return self
         return self.compose(filters.shuffle(size, **kw))
 
-    def map(self, f: Callable[[Any], Any], handler: Callable[[BaseException], bool] = reraise_exception) -> Any:
+    def map(
+        self, f: Callable[[Any], Any], handler: Callable[[BaseException], bool] = reraise_exception
+    ) -> Any:
         """Apply ``f`` to each sample; ``None`` results are dropped."""
         return self.compose(filters.map(f, handler=handler))
 
-    def decode(self, *args: Any, pre: Any = None, post: Any = None, only: Any = None, partial: bool = False, handler: Callable[[BaseException], bool] = reraise_exception) -> Any:
+    def decode(
+        self,
+        *args: Any,
+        pre: Any = None,
+        post: Any = None,
+        only: Any = None,
+        partial: bool = False,
+        handler: Callable[[BaseException], bool] = reraise_exception,
+    ) -> Any:
         """Decode fields with webdataset's handler strings (``"pil"``, ``"rgb8"``, ...) and functions."""
         handlers = [autodecode.ImageHandler(x) if isinstance(x, str) else x for x in args]
         decoder = autodecode.Decoder(handlers, pre=pre, post=post, only=only, partial=partial)
         return self.map(decoder, handler=handler)
 
-    def map_dict(self, handler: Callable[[BaseException], bool] = reraise_exception, **kw: Any) -> Any:
+    def map_dict(
+        self, handler: Callable[[BaseException], bool] = reraise_exception, **kw: Any
+    ) -> Any:
         """Apply ``kw[field]`` to each named field."""
         return self.compose(filters.map_dict(handler=handler, **kw))
 
@@ -64,7 +82,9 @@ class FluidInterface:
         """Dict samples -> tuples of fields; ``"jpg;png"`` takes the first present, ``"jpg cls"`` two fields."""
         return self.compose(filters.to_tuple(*args, **kw))
 
-    def map_tuple(self, *args: Any, handler: Callable[[BaseException], bool] = reraise_exception) -> Any:
+    def map_tuple(
+        self, *args: Any, handler: Callable[[BaseException], bool] = reraise_exception
+    ) -> Any:
         """Apply ``args[i]`` to element ``i`` of tuple samples."""
         return self.compose(filters.map_tuple(*args, handler=handler))
 
@@ -109,7 +129,7 @@ class _Stages:
         self.items = items
 
 
-class DataPipeline(FluidInterface, StageIterDataPipe[Any]):
+class DataPipeline(FluidInterface, StageIterDataPipe[Any]):  # type: ignore[misc]  # webdataset's map/shuffle
     """A pipeline of webdataset stages, built as a shardpipes DataPipe graph.
 
     ``DataPipeline(wds.SimpleShardList(urls), wds.split_by_node, wds.split_by_worker,
@@ -152,7 +172,9 @@ class DataPipeline(FluidInterface, StageIterDataPipe[Any]):
         result = object.__new__(type(self))
         result.__dict__.update(self.__dict__)
         result._stages = _Stages([*self.pipeline, *args])
-        result.source_datapipe, result.sharder = _graph.build(args, self.source_datapipe, self.sharder)
+        result.source_datapipe, result.sharder = _graph.build(
+            args, self.source_datapipe, self.sharder
+        )
         return result
 
     def stage(self, i: int) -> Any:

@@ -50,7 +50,7 @@ def _envsubst(s: str) -> str:
 
 def expand_urls(urls: str) -> list[str]:
     """Split on ``::``, substitute ``${WDS_...}`` variables and expand braces, as webdataset does."""
-    result = []
+    result: list[str] = []
     for url in urls.split("::"):
         for _ in range(10):
             last, url = url, _envsubst(url)
@@ -77,7 +77,7 @@ def split_by_node(src: Iterable[Any], group: Any = None) -> Iterator[Any]:
 
 
 def single_node_only(src: Iterable[Any], group: Any = None) -> Iterator[Any]:
-    """webdataset's default node splitter; in a shardpipes pipeline it marks the automatic split."""
+    """Webdataset's default node splitter; in a shardpipes pipeline it marks the automatic split."""
     yield from split_by_node(src, group)
 
 
@@ -144,9 +144,8 @@ class ResampledShards(StageIterDataPipe[dict[str, str]]):
         empty_check: bool = True,
     ) -> None:
         self.urls = _expand_source(urls, max_urls)
-        if not self.urls:
-            if empty_check:
-                raise ValueError("empty_check=True, but no shards found in ResampledShards")
+        if not self.urls and empty_check:
+            raise ValueError("empty_check=True, but no shards found in ResampledShards")
         self.nshards = nshards
         self.seed = seed
         self.deterministic = deterministic
@@ -200,5 +199,7 @@ def non_empty(src: Iterable[Any]) -> Iterator[Any]:
 def shardspec(spec: Any) -> SimpleShardList:
     """A shard list from a URL pattern or a list (webdataset's ``shardspec``, without its YAML form)."""
     if isinstance(spec, str) and spec.endswith((".yaml", ".yml")):
-        raise ValueError(f"{spec}: YAML dataset specifications are not supported by shardpipes.webdataset")
+        raise ValueError(
+            f"{spec}: YAML dataset specifications are not supported by shardpipes.webdataset"
+        )
     return SimpleShardList(spec)

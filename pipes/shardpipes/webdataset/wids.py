@@ -19,7 +19,7 @@ import random
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import IO, Any, cast
 
 import fsspec
 import numpy as np
@@ -30,7 +30,13 @@ from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.datapipes.iter._tarparse import iter_tar  # the one internal import of this package
 from shardpipes.index import ShardIndex, ShardInfo, find_index, index_shard, open_range
 
-__all__ = ["ChunkedSampler", "DistributedChunkedSampler", "ShardListDataset", "ShardListSampler", "default_decoder"]
+__all__ = [
+    "ChunkedSampler",
+    "DistributedChunkedSampler",
+    "ShardListDataset",
+    "ShardListSampler",
+    "default_decoder",
+]
 
 
 def _decode_basic(key: str, value: bytes) -> Any:
@@ -52,10 +58,12 @@ def _decode_basic(key: str, value: bytes) -> Any:
 _IMAGE_EXTS = ("jpg", "png", "ppm", "pgm", "pbm", "pnm")
 
 
-def default_decoder(sample: dict[str, Any], format: Any = True) -> dict[str, Any]:  # noqa: A002 - wids' name
-    """wids' default decoding: ``.gz`` fields decompressed, text/cls/json/npy decoded, images opened
-    with PIL (``format="PIL"``) or as arrays (``format="numpy"``); other fields stay streams.
-    Never unpickles."""
+def default_decoder(sample: dict[str, Any], format: Any = True) -> dict[str, Any]:
+    """Decode as wids does by default.
+
+    ``.gz`` fields are decompressed, text/cls/json/npy decoded, images opened with PIL (``format="PIL"``) or as arrays (``format="numpy"``); other fields stay streams.
+    Never unpickles.
+    """
     import gzip
 
     import PIL.Image
@@ -79,7 +87,7 @@ def default_decoder(sample: dict[str, Any], format: Any = True) -> dict[str, Any
 
 
 class _Decode:
-    def __init__(self, format: str) -> None:  # noqa: A002
+    def __init__(self, format: str) -> None:
         self.format = format
 
     def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
@@ -105,7 +113,9 @@ def _urldir(url: str) -> str:
     return url.rsplit("/", 1)[0] + "/" if "/" in url else ""
 
 
-def _load_descriptor(source: Any, base: str | None, options: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+def _load_descriptor(
+    source: Any, base: str | None, options: dict[str, Any]
+) -> tuple[dict[str, Any], str | None]:
     if isinstance(source, str):
         with fsspec.open(source, "r") as f:
             spec = json.load(f)
@@ -182,7 +192,7 @@ class ShardListDataset(Dataset[dict[str, Any]]):
         self.storage_options = storage_options
         self.transformations = _transformations(transformations)
         self._infos: OrderedDict[str, tuple[str, ShardInfo]] = OrderedDict()
-        self._sidecar: ShardIndex | None | bool = None
+        self._sidecar: ShardIndex | bool | None = None
         self.accesses = 0
         self.misses = 0
 
@@ -207,8 +217,10 @@ class ShardListDataset(Dataset[dict[str, Any]]):
                 found = find_index(urls, storage_options=self.storage_options)
             except ValueError:
                 found = None
-            self._sidecar = ShardIndex.load(found, storage_options=self.storage_options) if found else False
-        return self._sidecar or None
+            self._sidecar = (
+                ShardIndex.load(found, storage_options=self.storage_options) if found else False
+            )
+        return self._sidecar if isinstance(self._sidecar, ShardIndex) else None
 
     def _shard(self, url: str, expected: int) -> tuple[str, ShardInfo]:
         self.accesses += 1
@@ -260,7 +272,9 @@ class ShardListDataset(Dataset[dict[str, Any]]):
         stream = open_range(read_url, offset, size, self.storage_options)
         sample: dict[str, Any] = {}
         try:
-            for entry in iter_tar(stream, url, require_end=False, start_offset=offset):
+            for entry in iter_tar(
+                cast(IO[bytes], stream), url, require_end=False, start_offset=offset
+            ):
                 name = entry.name.rsplit("/", 1)
                 dot = name[-1].find(".")
                 key = entry.name[: len(entry.name) - len(name[-1]) + dot]
@@ -289,7 +303,12 @@ def _ranges(lengths: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def _iterate_ranges(ranges: list[tuple[int, int]], rng: random.Random, indexshuffle: bool = True, shardshuffle: bool = True) -> Iterator[int]:
+def _iterate_ranges(
+    ranges: list[tuple[int, int]],
+    rng: random.Random,
+    indexshuffle: bool = True,
+    shardshuffle: bool = True,
+) -> Iterator[int]:
     order = list(range(len(ranges)))
     if shardshuffle:
         rng.shuffle(order)
@@ -308,7 +327,14 @@ def _epoch_rng(seed: int, epoch: int) -> random.Random:
 class ShardListSampler(Sampler[int]):
     """Shards in random order, samples shuffled within each shard (wids' ``ShardListSampler``)."""
 
-    def __init__(self, dataset: Any, *, lengths: list[int] | None = None, seed: int = 0, shufflefirst: bool = False) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        lengths: list[int] | None = None,
+        seed: int = 0,
+        shufflefirst: bool = False,
+    ) -> None:
         self.ranges = _ranges(list(dataset.lengths) if lengths is None else lengths)
         self.seed = seed
         self.shufflefirst = shufflefirst
@@ -316,7 +342,9 @@ class ShardListSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         rng = _epoch_rng(self.seed, self.epoch)
-        yield from _iterate_ranges(self.ranges, rng, shardshuffle=self.shufflefirst or self.epoch > 0)
+        yield from _iterate_ranges(
+            self.ranges, rng, shardshuffle=self.shufflefirst or self.epoch > 0
+        )
         self.epoch += 1
 
 
@@ -334,7 +362,18 @@ class ChunkedSampler(Sampler[int]):
             :func:`DistributedChunkedSampler` for equal ranks).
     """
 
-    def __init__(self, dataset: Any, *, dslength_per_replica: int = -1, num_samples: Any = None, chunksize: int = 2000, seed: int = 0, shuffle: bool = True, shufflefirst: bool = False, pad_to: int | None = None) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        dslength_per_replica: int = -1,
+        num_samples: Any = None,
+        chunksize: int = 2000,
+        seed: int = 0,
+        shuffle: bool = True,
+        shufflefirst: bool = False,
+        pad_to: int | None = None,
+    ) -> None:
         if isinstance(num_samples, int):
             lo, hi = 0, num_samples
         elif num_samples is None:
@@ -356,7 +395,11 @@ class ChunkedSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         rng = _epoch_rng(self.seed, self.epoch)
         first = self.shufflefirst or self.epoch > 0
-        order = list(_iterate_ranges(self.ranges, rng, indexshuffle=self.shuffle, shardshuffle=self.shuffle and first))
+        order = list(
+            _iterate_ranges(
+                self.ranges, rng, indexshuffle=self.shuffle, shardshuffle=self.shuffle and first
+            )
+        )
         if self.pad_to is not None and order and len(order) < self.pad_to:
             order += [order[i % len(order)] for i in range(self.pad_to - len(order))]
         yield from order
@@ -366,7 +409,7 @@ class ChunkedSampler(Sampler[int]):
         return self.dslength_per_replica
 
 
-def DistributedChunkedSampler(  # noqa: N802 - wids' name
+def DistributedChunkedSampler(
     dataset: Any,
     *,
     num_replicas: int | None = None,
@@ -384,7 +427,10 @@ def DistributedChunkedSampler(  # noqa: N802 - wids' name
     its own first indexes (wids gives the last rank fewer, which hangs DDP at the epoch's end).
     """
     if drop_last is not None:
-        warnings.warn("DistributedChunkedSampler does not support drop_last, thus it will be ignored", stacklevel=2)
+        warnings.warn(
+            "DistributedChunkedSampler does not support drop_last, thus it will be ignored",
+            stacklevel=2,
+        )
     if dist.is_available() and dist.is_initialized():
         num_replicas = num_replicas if num_replicas is not None else dist.get_world_size()
         rank = rank if rank is not None else dist.get_rank()

@@ -18,7 +18,7 @@ import re
 import tarfile
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import fsspec
 import numpy as np
@@ -28,7 +28,7 @@ from shardpipes.writer import encode_value
 __all__ = ["ShardWriter", "TarWriter", "imageencoder", "make_encoder", "numpy_dumps", "torch_dumps"]
 
 
-def imageencoder(image: Any, format: str = "PNG") -> bytes:  # noqa: A002 - webdataset's name
+def imageencoder(image: Any, format: str = "PNG") -> bytes:
     """Compress a PIL image or an array (uint8, or float in [0, 1]) as ``format``."""
     import PIL.Image
 
@@ -67,7 +67,7 @@ def numpy_dumps(data: np.ndarray) -> bytes:
 def numpy_npz_dumps(data: dict[str, np.ndarray]) -> bytes:
     """A dict of arrays as ``.npz`` bytes."""
     stream = io.BytesIO()
-    np.savez_compressed(stream, **data)
+    np.savez_compressed(stream, **data)  # type: ignore[arg-type]
     return stream.getvalue()
 
 
@@ -93,7 +93,7 @@ def _json(x: Any) -> bytes:
 
 def _handlers() -> dict[str, Callable[[Any], bytes]]:
     table: dict[str, Callable[[Any], bytes]] = {}
-    for keys, fn in [
+    pairs: list[tuple[str, Callable[[Any], bytes]]] = [
         ("cls cls2 class count index inx id", _ascii),
         ("txt text transcript html htm", _utf8),
         ("pyd pickle", pickle.dumps),
@@ -107,7 +107,8 @@ def _handlers() -> dict[str, Callable[[Any], bytes]]:
         ("pgm", _Image("pgm")),
         ("ppm", _Image("ppm")),
         ("tiff tif", _Image("tiff")),
-    ]:
+    ]
+    for keys, fn in pairs:
         for k in keys.split():
             table[k] = fn
     return table
@@ -116,7 +117,9 @@ def _handlers() -> dict[str, Callable[[Any], bytes]]:
 default_handlers = _handlers()
 
 
-def encode_based_on_extension1(data: Any, tname: str, handlers: dict[str, Callable[[Any], bytes]]) -> Any:
+def encode_based_on_extension1(
+    data: Any, tname: str, handlers: dict[str, Callable[[Any], bytes]]
+) -> Any:
     """Encode one value for field ``tname`` (``.gz`` fields are compressed after encoding)."""
     if tname[0] == "_":
         if not isinstance(data, str):
@@ -159,7 +162,7 @@ def make_encoder(spec: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
     if isinstance(spec, dict):
         return _ByExtension(spec)
     if callable(spec):
-        return spec
+        return cast(Callable[[dict[str, Any]], dict[str, Any]], spec)
     raise ValueError(f"{spec}: unknown encoder spec")
 
 
@@ -188,7 +191,7 @@ class TarWriter:
         encoder: Any = True,
         keep_meta: bool = False,
         mtime: float | None = None,
-        format: Any = None,  # noqa: A002 - webdataset's name
+        format: Any = None,
     ) -> None:
         self.format = getattr(tarfile, format, format) if format else tarfile.USTAR_FORMAT
         tarmode = self.tarmode(fileobj, compress)
@@ -200,7 +203,7 @@ class TarWriter:
         self.keep_meta = keep_meta
         self.mtime = mtime
         self.stream = fileobj
-        self.tarstream = tarfile.open(fileobj=fileobj, mode=tarmode, format=self.format)  # noqa: SIM115 - closed by close()
+        self.tarstream = tarfile.open(fileobj=fileobj, mode=tarmode, format=self.format)  # type: ignore[call-overload]  # noqa: SIM115 - closed by close()
         self.user = user
         self.group = group
         self.mode = mode
@@ -216,7 +219,12 @@ class TarWriter:
         if compress in ("bz2", "xz"):
             return f"w|{compress}"
         if isinstance(fileobj, str):
-            for suffix, m in ((".gz", "w|gz"), (".tgz", "w|gz"), (".bz2", "w|bz2"), (".xz", "w|xz")):
+            for suffix, m in (
+                (".gz", "w|gz"),
+                (".tgz", "w|gz"),
+                (".bz2", "w|bz2"),
+                (".xz", "w|xz"),
+            ):
                 if fileobj.endswith(suffix):
                     return m
         return "w|"
@@ -325,7 +333,7 @@ class ShardWriter:
         """Write one sample."""
         if self.tarstream is None or self.count >= self.maxcount or self.size >= self.maxsize:
             self.next_stream()
-        assert self.tarstream is not None  # noqa: S101 - next_stream opened one
+        assert self.tarstream is not None
         self.size += self.tarstream.write(obj)
         self.count += 1
         self.total += 1
