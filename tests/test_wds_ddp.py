@@ -118,3 +118,39 @@ def test_uneven_shards_without_equalize_still_equal_batches(tmp_path):
     assert c0 == c1 and c0[0] > 0
     first = [i for ids in ids0 for i in ids[: c0[0] * 2]]
     assert len(first) == len(set(first))  # nothing read twice within the epoch
+
+
+def epoch_ids(rank, world, urls, index):
+    dataset = wds.WebDataset(urls, shardshuffle=100, index=index).decode().to_tuple("json")
+    loader = wds.WebLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="fork")
+    epochs = []
+    try:
+        for _ in range(2):
+            ids = [meta["id"] for (meta,) in loader]
+            gathered = [None] * world
+            dist.all_gather_object(gathered, ids)
+            epochs.append(gathered)
+    finally:
+        loader.shutdown()
+    return epochs
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("with_index", [True, False], ids=["index", "shards"])
+def test_index_covers_every_sample_once_per_epoch(tmp_path, with_index):
+    from shardpipes.index import build_index, default_index_url
+    from shardpipes.synthetic import write_synthetic
+
+    urls = write_synthetic(tmp_path, shards=7, samples=4)  # 7 shards for 2 ranks x 2 workers
+    index = None
+    if with_index:
+        build_index(urls, progress=False).save(default_index_url(urls))
+    else:
+        index = False
+    epochs = run_ranks(epoch_ids, 2, urls, index)[0]
+    for per_rank in epochs:
+        assert len(per_rank[0]) == len(per_rank[1])  # equal on both ranks, always
+        seen = per_rank[0] + per_rank[1]
+        assert len(seen) == len(set(seen))  # never a sample twice
+        if with_index:
+            assert sorted(seen) == list(range(28))  # and with the index, every sample

@@ -292,6 +292,21 @@ def tarfile_samples(
     return TarfileToSamples(handler, select_files, rename_files)(src)
 
 
+class IndexSplit:
+    """The split by sample ranges of a shardpipes index (``sharding_by_index``), as a stage marker."""
+
+    def __init__(self, index: Any, storage_options: Any = None) -> None:
+        self.index = index
+        self.storage_options = storage_options
+
+    def build(self, urls: IterDataPipe[Any]) -> IterDataPipe[Any]:
+        """Append the index split to a graph of shard-list items."""
+        return cast(
+            IterDataPipe[Any],
+            urls.map(url_of).sharding_by_index(self.index, storage_options=self.storage_options),
+        )
+
+
 class CallSource(StageIterDataPipe[Any]):
     """A source stage that is a callable returning an iterable (webdataset allows these)."""
 
@@ -326,6 +341,10 @@ def build(
     for stage in stages:
         if dp is None:
             dp = source_of(stage)
+            continue
+        if isinstance(stage, IndexSplit):
+            if sharder is None:
+                dp = sharder = stage.build(dp)
             continue
         if stage in SPLITTERS:
             if sharder is None:

@@ -8,6 +8,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from shardpipes.index import find_index
 from shardpipes.webdataset import _graph, filters, shardlists
 from shardpipes.webdataset.handlers import reraise_exception
 from shardpipes.webdataset.pipeline import DataPipeline, FluidInterface
@@ -46,6 +47,10 @@ class WebDataset(DataPipeline):
         empty_check: Raise if a dataset read by one reader yields nothing. Default: ``True``.
         detshuffle: Seed the shard shuffle with ``seed`` + epoch when iterated without a loader.
         seed: Seed of the shard shuffle; ``WebLoader`` uses it as the loader seed.
+        index: A shardpipes index (its URL or a ``ShardIndex``) to split the samples exactly:
+            every reader gets the same number of samples and each epoch reads every sample
+            once (``sharding_by_index``). Default (``None``): the sidecar that ``shardpipes
+            index`` writes next to the shards, if there is one; ``False``: split by shards.
         storage_options: fsspec options (endpoint, credentials) for the shards.
     """
 
@@ -69,6 +74,7 @@ class WebDataset(DataPipeline):
         verbose: bool = False,
         seed: Any = None,
         storage_options: Any = None,
+        index: Any = None,
     ) -> None:
         super().__init__()
         if resampled:
@@ -115,6 +121,10 @@ class WebDataset(DataPipeline):
                     int(shardshuffle), seed=seed if seed is not None else random.randrange(2**31)
                 )
             )
+        if index is None and mode != "resampled" and not repeat:
+            index = _sidecar(self.pipeline[0].urls, storage_options)
+        if index not in (None, False) and mode != "resampled" and not repeat:
+            self.append(_graph.IndexSplit(index, storage_options))
         self.append(shardlists.split_by_node)
         self.append(
             _graph.TarfileToSamples(
@@ -134,6 +144,14 @@ class WebDataset(DataPipeline):
 
     def __exit__(self, *args: Any) -> None:
         self.close()
+
+
+def _sidecar(urls: list[str], storage_options: Any) -> str | None:
+    """The ``shardpipes index`` sidecar of ``urls``, if it exists (local or remote)."""
+    try:
+        return find_index(urls, storage_options=storage_options)
+    except (ValueError, OSError):
+        return None
 
 
 def _cycle(src: Any) -> Any:
