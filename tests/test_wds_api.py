@@ -287,3 +287,36 @@ def test_tarwriter_and_shardwriter_round_trip(tmp_path):
         s["txt"]
         for s in wds.WebDataset(os.fspath(tmp_path / "one.tgz"), shardshuffle=False).decode()
     ] == ["hello"]
+
+
+def test_cache_dir_is_accepted_and_checked(tmp_path, img_shards):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    ds = wds.WebDataset(img_shards, shardshuffle=False, cache_dir=os.fspath(cache)).to_tuple("cls")
+    assert len(list(ds)) == 12  # local shards pass through the cache unchanged
+    with pytest.raises(ValueError, match="does not exist"):
+        wds.WebDataset(img_shards, cache_dir=os.fspath(tmp_path / "missing"))
+
+
+def test_loader_with_epoch_and_ddp_equalize_single_process(img_shards):
+    dataset = wds.WebDataset(img_shards, shardshuffle=10).to_tuple("cls").batched(5)
+    loader = wds.WebLoader(dataset, batch_size=None, num_workers=2)
+    try:
+        assert sum(len(b[0]) for b in loader) == 12  # a plain epoch: one pass
+        equal = loader.ddp_equalize(5)  # a new loader sharing the workers
+        assert len(equal) == 5 and len(list(equal)) == 5
+        loader.with_epoch(7)  # in place, as webdataset's
+        assert [len(list(loader)) for _ in range(2)] == [7, 7]  # repeats the data
+    finally:
+        loader.shutdown()
+
+
+def test_webloader_default_batch_size_collates_like_torch(img_shards):
+    loader = wds.WebLoader(
+        wds.WebDataset(img_shards, shardshuffle=False).decode().to_tuple("cls"), batch_size=4
+    )
+    try:
+        batches = list(loader)
+    finally:
+        loader.shutdown()
+    assert [b[0].tolist() for b in batches] == [[0, 1, 2, 3], [4, 0, 1, 2], [3, 4, 0, 1]]
