@@ -92,3 +92,19 @@ def test_notebook_dataloader_with_distributed_chunked_sampler(tmp_path):
     assert n0 == n1 == 4  # 15 samples: 8 per rank (one repeated), 4 batches each
     assert len(ids[0]) == len(ids[1]) == 8
     assert set(ids[0]) | set(ids[1]) == set(range(15))
+
+
+@pytest.mark.http
+def test_remote_sample_is_one_range_request(http_server, tmp_path):
+    [path] = write_image_shards(tmp_path, shards=1, per_shard=6)
+    with open(path, "rb") as f:
+        url = http_server.add("img-000000.tar", f.read())
+    ds = ShardListDataset([{"url": url, "nsamples": 6}], transformations=[])
+    info = build_index([path], progress=False).shards[0]
+    ds[0]  # the first access scans the shard once (no index next to it)
+    before = len(http_server.log.gets("img-000000"))
+    sample = ds[4]
+    assert sample["__key__"] == "s00004" and sample[".txt"].read() == b"caption 4"
+    ranges = [g.range for g in http_server.log.gets("img-000000")[before:]]
+    offset, size = info.byte_range(4, 5)
+    assert ranges == [f"bytes={offset}-{offset + size - 1}"]
