@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import random
 import warnings
 from collections.abc import Callable
 from typing import Any
 
+from shardpipes.errors import ShardingWarning, ShardpipesWarning
 from shardpipes.index import find_index
 from shardpipes.webdataset import _graph, filters, shardlists
 from shardpipes.webdataset.handlers import reraise_exception
@@ -84,13 +84,16 @@ class WebDataset(DataPipeline):
                 warnings.warn(
                     f"WebDataset({name}={getattr(splitter, '__name__', splitter)}) is ignored: "
                     "shardpipes splits shards by rank and worker itself",
+                    ShardingWarning,
                     stacklevel=2,
                 )
         if shardshuffle is True:
             shardshuffle = 100
         if mode == "resampled" and shardshuffle not in (None, False, 0):
             warnings.warn(
-                "WebDataset(shardshuffle=...) is ignored for resampled datasets", stacklevel=2
+                "WebDataset(shardshuffle=...) is ignored for resampled datasets",
+                ShardpipesWarning,
+                stacklevel=2,
             )
             shardshuffle = None
         env_seed = os.environ.get("WDS_SEED")
@@ -117,9 +120,7 @@ class WebDataset(DataPipeline):
             self.append(
                 filters.detshuffle(int(shardshuffle), seed=seed or 0)
                 if detshuffle
-                else filters.shuffle(
-                    int(shardshuffle), seed=seed if seed is not None else random.randrange(2**31)
-                )
+                else filters.shuffle(int(shardshuffle), seed=seed if seed is not None else 0)
             )
         if index is None and mode != "resampled" and not repeat:
             index = _sidecar(self.pipeline[0].urls, storage_options)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from shardpipes.datapipes.iter._base import StageIterDataPipe
+from shardpipes.errors import ShardpipesWarning
 from shardpipes.webdataset import _graph, autodecode, filters
 from shardpipes.webdataset.handlers import reraise_exception
 
@@ -206,6 +207,7 @@ class DataPipeline(FluidInterface, StageIterDataPipe[Any]):  # type: ignore[misc
             warnings.warn(
                 ".with_length() only sets the value of __len__ for compatibility with some "
                 "training environments. It does not change the number of samples in an epoch.",
+                ShardpipesWarning,
                 stacklevel=2,
             )
         self.size = n

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import zlib
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from typing import Any
@@ -45,7 +46,8 @@ def is_iterable(obj: Any) -> bool:
 
 def make_seed(*args: Any) -> int:
     """Combine ``args`` into one 63-bit seed (structurally, by ``numpy.random.SeedSequence``)."""
-    parts = [abs(hash(a)) if not isinstance(a, int) else abs(a) for a in args]
+    # Not hash(): str hashes change from process to process (PYTHONHASHSEED).
+    parts = [abs(a) if isinstance(a, int) else zlib.crc32(repr(a).encode()) for a in args]
     return int(np.random.SeedSequence(parts).generate_state(2, np.uint32).view(np.uint64)[0] >> 1)
 
 

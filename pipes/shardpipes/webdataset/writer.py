@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import logging
 import os
 import pickle
 import re
@@ -24,6 +25,8 @@ import fsspec
 import numpy as np
 
 from shardpipes.writer import encode_value
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["ShardWriter", "TarWriter", "imageencoder", "make_encoder", "numpy_dumps", "torch_dumps"]
 
@@ -314,9 +317,7 @@ class ShardWriter:
         self.finish()
         self.fname = self.pattern % self.shard
         if self.verbose:
-            import logging
-
-            logging.getLogger(__name__).info("writing %s", self.fname)
+            logger.info("writing %s", self.fname)
         self.shard += 1
         if self.opener is not None:
             self.tarstream = TarWriter(self.opener(self.fname), **self.kw)
