@@ -9,24 +9,26 @@ shuffles become seeded stages that the loader seeds per epoch and per reader.
 
 from __future__ import annotations
 
-import functools
-import io
 import itertools
 import os
-import pickle
 import random
-import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
-from fnmatch import fnmatch
 from typing import Any
 
 import numpy as np
 import torch
 
 from shardpipes.webdataset import autodecode, utils
+from shardpipes.webdataset._curry import FilterFunction, RestCurried, pipelinefilter
 from shardpipes.webdataset.handlers import reraise_exception
+
+# webdataset defines these in filters, and code imports them from there (the private ones too).
+from shardpipes.webdataset.keyfilters import Cached, extract_keys, rename_keys, xdecode
+from shardpipes.webdataset.keyfilters import _extract_keys as _extract_keys
+from shardpipes.webdataset.keyfilters import _rename_keys as _rename_keys
+from shardpipes.webdataset.keyfilters import _xdecode as _xdecode
 
 __all__ = [
     "Cached",
@@ -56,45 +58,6 @@ __all__ = [
     "unlisted",
     "xdecode",
 ]
-
-_builtin_map = map
-_builtin_slice = slice
-
-
-class FilterFunction:
-    """A stage function with its arguments bound: ``FilterFunction(f, *a, **kw)(src) == f(src, *a, **kw)``."""
-
-    def __init__(self, f: Callable[..., Any], *args: Any, **kw: Any) -> None:
-        self.f = f
-        self.args = args
-        self.kw = kw
-
-    def __call__(self, data: Iterable[Any]) -> Any:
-        """Run the stage function on ``data``."""
-        return self.f(data, *self.args, **self.kw)
-
-    def __repr__(self) -> str:
-        return f"<{getattr(self.f, '__name__', self.f)} {self.args} {self.kw}>"
-
-
-class RestCurried:
-    """``RestCurried(f)(*a, **kw)`` is ``FilterFunction(f, *a, **kw)``."""
-
-    def __init__(self, f: Callable[..., Any]) -> None:
-        self.f = f
-        functools.update_wrapper(self, f)
-
-    def __call__(self, *args: Any, **kw: Any) -> FilterFunction:
-        """Bind the arguments."""
-        return FilterFunction(self.f, *args, **kw)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (RestCurried, (self.f,))
-
-
-def pipelinefilter(f: Callable[..., Any]) -> RestCurried:
-    """Curry ``f(src, *args, **kw)`` into a stage factory, as webdataset's ``pipelinefilter``."""
-    return RestCurried(f)
 
 
 def getfirst(
@@ -468,142 +431,3 @@ def _rsample(data: Iterable[Any], p: float = 0.5) -> Iterator[Any]:
 
 rsample = pipelinefilter(_rsample)
 slice = pipelinefilter(itertools.islice)
-
-
-def _extract_keys(
-    source: Iterable[Any],
-    *patterns: Any,
-    duplicate_is_error: bool = True,
-    ignore_missing: bool = False,
-) -> Iterator[Any]:
-    for sample in source:
-        result = []
-        for pattern in patterns:
-            alts = pattern.split(";") if isinstance(pattern, str) else pattern
-            matches = [x for x in sample if any(fnmatch("." + x, p) or fnmatch(x, p) for p in alts)]
-            if not matches:
-                if ignore_missing:
-                    continue
-                raise ValueError(f"Cannot find {alts} in sample keys {sample.keys()}.")
-            if len(matches) > 1 and duplicate_is_error:
-                raise ValueError(f"Multiple sample keys {sample.keys()} match {alts}.")
-            result.append(sample[matches[0]])
-        yield tuple(result)
-
-
-extract_keys = pipelinefilter(_extract_keys)
-
-
-def _rename_keys(
-    source: Iterable[Any],
-    *args: Any,
-    keep_unselected: bool = False,
-    must_match: bool = True,
-    duplicate_is_error: bool = True,
-    **kw: Any,
-) -> Iterator[Any]:
-    renamings = [(pattern, output) for output, pattern in args]
-    renamings += [(pattern, output) for output, pattern in kw.items()]
-    for sample in source:
-        new: dict[str, Any] = {}
-        matched = {k: False for k, _ in renamings}
-        for path, value in sample.items():
-            fname = re.sub(r".*/", "", path)
-            name = None
-            for pattern, out in renamings[::-1]:
-                if fnmatch(fname.lower(), pattern):
-                    matched[pattern] = True
-                    name = out
-                    break
-            if name is None:
-                if keep_unselected:
-                    new[path] = value
-                continue
-            if name in new:
-                if duplicate_is_error:
-                    raise ValueError(f"Duplicate value in sample {sample.keys()} after rename.")
-                continue
-            new[name] = value
-        if must_match and not all(matched.values()):
-            raise ValueError(f"Not all patterns ({matched}) matched sample keys ({sample.keys()}).")
-        yield new
-
-
-rename_keys = pipelinefilter(_rename_keys)
-
-
-def _decode_bin(stream: io.BytesIO) -> bytes:
-    return stream.read()
-
-
-def _decode_text(stream: io.BytesIO) -> str:
-    return stream.read().decode("utf-8")
-
-
-def _decode_pickle(stream: io.BytesIO) -> Any:
-    if utils.enforce_security:
-        raise ValueError(
-            "Unpickling is not allowed for security reasons when enforce_security is set"
-        )
-    return pickle.load(stream)
-
-
-default_decoders = [("*.bin", _decode_bin), ("*.txt", _decode_text), ("*.pyd", _decode_pickle)]
-
-
-def _find_decoder(decoders: list[tuple[str, Any]], path: str) -> Any:
-    fname = re.sub(r".*/", "", path)
-    if fname.startswith("__"):
-        return utils.identity
-    for pattern, fun in decoders[::-1]:
-        if fnmatch(fname.lower(), pattern) or fnmatch("." + fname.lower(), pattern):
-            return fun
-    return None
-
-
-def _xdecode(
-    source: Iterable[Any],
-    *args: Any,
-    must_decode: bool = True,
-    defaults: Any = default_decoders,
-    **kw: Any,
-) -> Iterator[Any]:
-    decoders = [*defaults, *args, *(("*." + k, v) for k, v in kw.items())]
-    for sample in source:
-        new = {}
-        for path, data in sample.items():
-            if path.startswith("__"):
-                new[path] = data
-                continue
-            decoder = _find_decoder(decoders, path)
-            if decoder is False:
-                value = data
-            elif decoder is None:
-                if must_decode:
-                    raise ValueError(f"No decoder found for {path}.")
-                value = data
-            else:
-                value = decoder(io.BytesIO(data) if isinstance(data, bytes) else data)
-            new[path] = value
-        yield new
-
-
-xdecode = pipelinefilter(_xdecode)
-
-
-class Cached(utils.PipelineStage):
-    """Keep the first pass in memory and replay it on later passes (``.mcached()``)."""
-
-    def __init__(self) -> None:
-        self.cached: list[Any] | None = None
-
-    def run(self, source: Iterable[Any]) -> Iterator[Any]:
-        """Yield the source, recording it on the first pass; replay the record later."""
-        if self.cached is not None:
-            yield from self.cached
-            return
-        temp = []
-        for sample in source:
-            temp.append(sample)
-            yield sample
-        self.cached = temp
