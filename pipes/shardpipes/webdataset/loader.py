@@ -1,0 +1,285 @@
+"""``WebLoader``: webdataset's loader, run by ``DataLoader2`` with the shardpipes reading services.
+
+The dataset graph runs in ``num_workers`` worker processes (``MultiProcessingReadingService``);
+under ``torch.distributed`` the graph's split is applied with the rank as well, without any
+``nodesplitter``. Stages chained on the loader (``.unbatched().shuffle(1000).batched(64)``) run
+in the main process after the pool. Under DDP the very last stage makes every rank yield the
+same number of batches (the ranks agree, in one small gloo collective per 16 batches, to stop
+when the first runs out), so an epoch never hangs a gradient all-reduce, with or without
+``with_epoch``/``ddp_equalize``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from itertools import islice
+from typing import Any, Literal, cast
+
+import torch.distributed as dist
+from torch.utils.data import IterDataPipe
+from torch.utils.data._utils.collate import default_collate
+from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
+from torch.utils.data.graph_settings import apply_sharding
+
+from shardpipes.dataloader2 import (
+    DataLoader2,
+    DistributedReadingService,
+    MultiProcessingReadingService,
+    SeedGenerator,
+    SequentialReadingService,
+)
+from shardpipes.datapipes.iter import FullSync
+from shardpipes.datapipes.iter._base import StageIterDataPipe
+from shardpipes.webdataset.pipeline import FluidInterface
+
+__all__ = ["WebLoader"]
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+class _RankSplitReadingService(DistributedReadingService):
+    """Apply the graph's split with this rank, and spawn the rank's seeds; no collectives.
+
+    WebLoader equalises the ranks itself at the very end of its own chain (after the stages
+    it runs in the main process), so the per-epoch collectives of ``DistributedReadingService``
+    would only add a second, earlier synchronisation that the main-process stages could not
+    keep in step with.
+    """
+
+    def initialize(self, datapipe: IterDataPipe[Any]) -> IterDataPipe[Any]:
+        self._rank, self._world_size = dist.get_rank(), dist.get_world_size()
+        apply_sharding(datapipe, self._world_size, self._rank, SHARDING_PRIORITIES.DISTRIBUTED)
+        self._datapipe = datapipe
+        return datapipe
+
+    def initialize_iteration(self, seed_generator: SeedGenerator) -> SeedGenerator:
+        return seed_generator.spawn(self._rank)
+
+    def finalize(self) -> None:
+        pass
+
+
+class _Batch(StageIterDataPipe[Any]):
+    """torch ``DataLoader``'s batching, inside the workers: ``batch_size`` items, collated."""
+
+    def __init__(
+        self,
+        source_datapipe: IterDataPipe[Any],
+        batch_size: int,
+        drop_last: bool,
+        collate_fn: Callable[[list[Any]], Any],
+    ) -> None:
+        self.source_datapipe = source_datapipe
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.collate_fn = collate_fn
+
+    def __iter__(self) -> Iterator[Any]:
+        batch: list[Any] = []
+        for item in self.source_datapipe:
+            batch.append(item)
+            if len(batch) == self.batch_size:
+                yield self.collate_fn(batch)
+                batch = []
+        if batch and not self.drop_last:
+            yield self.collate_fn(batch)
+
+
+class _Items(StageIterDataPipe[Any]):
+    """A DataPipe over a loader's one pass, so ``fullsync`` can end the chain."""
+
+    def __init__(self, loader: WebLoader) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from self.loader._chain()
+
+
+class WebLoader(FluidInterface):
+    """webdataset's ``WebLoader(dataset, batch_size=..., num_workers=...)`` on ``DataLoader2``.
+
+    Takes torch ``DataLoader``'s arguments. ``batch_size=None`` passes items through as the
+    dataset yields them (the usual choice when the dataset batches); the default ``1``
+    collates single items like torch does. Chained methods (``unbatched``, ``shuffle``,
+    ``batched``, ``map``, ``with_epoch``, ``ddp_equalize``, ...) run in the main process.
+
+    Args:
+        dataset: A ``WebDataset``/``DataPipeline`` or any ``IterDataPipe``.
+        batch_size: Items per batch made in each worker, or ``None``. Default: ``1``.
+        num_workers: Worker processes. Default: ``0`` (in this process).
+        collate_fn: Collation of a batch. Default: torch's ``default_collate``.
+        drop_last: Drop each worker's last short batch.
+        pin_memory: Pin tensors (when an accelerator exists).
+        timeout: Seconds to wait for a worker's next item; ``0`` waits as long as they live.
+        multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or ``None``.
+        prefetch_factor: Items each worker keeps ready. Default: ``2``.
+        seed: Loader seed (a new order each epoch from it). Default: the dataset's ``seed``, else ``0``.
+        policy: How ranks are equalised: ``"stop"`` (default) or ``"pad"``.
+        shuffle: ``True`` is an error, as in torch for an iterable dataset.
+        sampler: Must be ``None`` (an iterable dataset has no sampler).
+        batch_sampler: Must be ``None``.
+        worker_init_fn: Accepted for torch compatibility; not used.
+        generator: Accepted for torch compatibility; the loader seeds (``seed``).
+        persistent_workers: Accepted; workers always persist across epochs.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Any = None,
+        batch_sampler: Any = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Any = None,
+        multiprocessing_context: str | None = None,
+        generator: Any = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        seed: int | None = None,
+        policy: Literal["stop", "pad"] = "stop",
+    ) -> None:
+        if shuffle:
+            raise ValueError(
+                "WebLoader with an iterable dataset: shuffle=True is not possible; use "
+                "dataset.shuffle(n) or loader.shuffle(n)"
+            )
+        if sampler is not None or batch_sampler is not None:
+            raise ValueError(
+                "WebLoader reads an iterable dataset: sampler and batch_sampler are not used"
+            )
+        if not isinstance(dataset, IterDataPipe):
+            raise TypeError(
+                f"WebLoader needs a WebDataset, DataPipeline or IterDataPipe, got {type(dataset).__name__}"
+            )
+        graph = dataset
+        if batch_size is not None:
+            graph = _Batch(graph, batch_size, drop_last, collate_fn or default_collate)
+        self.dataset = dataset
+        self.graph = graph
+        self.num_workers = num_workers
+        self.multiprocessing_context = multiprocessing_context
+        self.prefetch_factor = prefetch_factor or 2
+        self.pin_memory = pin_memory
+        self.timeout = timeout
+        self.policy = policy
+        ds_seed = getattr(dataset, "seed", None)
+        self.seed = (
+            seed
+            if seed is not None
+            else (ds_seed if isinstance(ds_seed, int) and ds_seed >= 0 else 0)
+        )
+        self.pipeline: list[Any] = []
+        self.repetitions = 1
+        self.nsamples = -1
+        self.size: int | None = None
+        self._loader: DataLoader2[Any] | None = None
+        self._group: Any = None
+
+    def compose(self, *args: Any) -> WebLoader:
+        """A loader with ``args`` appended to its main-process stages (shares the worker pool)."""
+        result = object.__new__(WebLoader)
+        result.__dict__.update(self.__dict__)
+        result.pipeline = [*self.pipeline, *args]
+        return result
+
+    def _dataloader(self) -> DataLoader2[Any]:
+        if self._loader is None:
+            mp = MultiProcessingReadingService(
+                num_workers=self.num_workers,
+                multiprocessing_context=self.multiprocessing_context,
+                worker_prefetch_cnt=self.prefetch_factor,
+                pin_memory=self.pin_memory,
+                timeout=self.timeout,
+            )
+            rs = SequentialReadingService(_RankSplitReadingService(), mp) if _distributed() else mp
+            self._loader = DataLoader2(self.graph, reading_service=rs)
+            self._loader.seed(self.seed)
+        return self._loader
+
+    def _chain(self) -> Iterator[Any]:
+        """One pass: a loader epoch (or, with ``with_epoch``/``repeat``, as many as it takes)."""
+
+        def one_epoch() -> Iterator[Any]:
+            it: Any = iter(self._dataloader())
+            for stage in self.pipeline:
+                it = stage(iter(it))
+            return cast(Iterator[Any], it)
+
+        if self.repetitions == 1:
+            yield from one_epoch()
+            return
+
+        def passes() -> Iterator[Any]:
+            for _ in range(self.repetitions):
+                count = 0
+                for item in one_epoch():
+                    count += 1
+                    yield item
+                if count == 0:
+                    break
+
+        yield from islice(passes(), self.nsamples) if self.nsamples > 0 else passes()
+
+    def __iter__(self) -> Iterator[Any]:
+        if not _distributed():
+            yield from self._chain()
+            return
+        if self._group is None:
+            # Our own gloo group: the equalising collectives never interleave with training's.
+            self._group = dist.new_group(backend="gloo")
+        sync = FullSync(_Items(self), policy=self.policy)
+        sync.set_process_group(self._group)
+        yield from sync
+
+    def __len__(self) -> int:
+        if self.size is None:
+            raise TypeError(
+                "WebLoader instance doesn't have valid length (use with_length or ddp_equalize)"
+            )
+        return self.size
+
+    def with_length(self, n: int, silent: bool = False) -> WebLoader:
+        """Set ``len()`` to ``n``."""
+        self.size = n
+        return self
+
+    def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> WebLoader:
+        """Make each pass exactly ``n`` items on every rank, starting new loader epochs as needed."""
+        self.repetitions = sys.maxsize
+        self.nsamples = max(nsamples, nbatches)
+        return self
+
+    def repeat(self, nepochs: int = -1, nbatches: int = -1) -> WebLoader:
+        """Repeat ``nepochs`` loader epochs per pass (for ever if ``<= 0``), at most ``nbatches`` items."""
+        self.repetitions = nepochs if nepochs > 0 else sys.maxsize
+        self.nsamples = nbatches
+        return self
+
+    def ddp_equalize(self, length: int, with_length: bool = True) -> WebLoader:
+        """``length`` batches in total per epoch, split equally: ``length // world_size`` on each rank.
+
+        As webdataset 0.1's: the data repeats as needed to fill the count, and ``len()`` gives it.
+        """
+        world = dist.get_world_size() if _distributed() else 1
+        per_rank = length // world
+        result = self.compose()
+        result.repetitions = sys.maxsize
+        result.nsamples = per_rank
+        if with_length:
+            result.size = per_rank
+        return result
+
+    def shutdown(self) -> None:
+        """Stop the worker processes."""
+        if self._loader is not None:
+            self._loader.shutdown()
+            self._loader = None
