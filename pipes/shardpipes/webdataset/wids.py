@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.utils.data import Dataset, Sampler
 
 from shardpipes.datapipes.iter import IterableWrapper
-from shardpipes.datapipes.iter._tarparse import iter_tar  # the one internal import of this package
+from shardpipes.formats.tarparse import iter_tar
 from shardpipes.index import ShardIndex, ShardInfo, find_index, index_shard, open_range
 
 __all__ = [
