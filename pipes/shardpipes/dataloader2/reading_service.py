@@ -330,6 +330,9 @@ class DistributedReadingService(ReadingServiceInterface):
         policy: ``"stop"`` (default: all ranks stop when the first runs out) or ``"pad"``
             (short ranks repeat their own recent items until the longest rank ends).
         sync_every: Largest number of items between synchronisations. Default: ``16``.
+        equalize: ``False`` only splits by rank and leaves the ranks' lengths to the caller
+            (``shardpipes.webdataset.WebLoader`` evens them out after its main-process stages).
+            Default: ``True``.
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialised, with the fix.
@@ -337,7 +340,12 @@ class DistributedReadingService(ReadingServiceInterface):
     """
 
     def __init__(
-        self, timeout: float = 1800, *, policy: Policy = "stop", sync_every: int = 16
+        self,
+        timeout: float = 1800,
+        *,
+        policy: Policy = "stop",
+        sync_every: int = 16,
+        equalize: bool = True,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout should be positive, got {timeout!r}")
@@ -346,6 +354,7 @@ class DistributedReadingService(ReadingServiceInterface):
         self.timeout = timeout
         self.policy = policy
         self.sync_every = sync_every
+        self.equalize = equalize
         self._group: Any = None
         self._rank = 0
         self._world_size = 1
@@ -362,6 +371,9 @@ class DistributedReadingService(ReadingServiceInterface):
         self._group = gloo_group(self.timeout)  # gloo even when training uses NCCL
         _warn_unsharded(datapipe, self._world_size, "DistributedReadingService")
         apply_sharding(datapipe, self._world_size, self._rank, SHARDING_PRIORITIES.DISTRIBUTED)
+        if not self.equalize:
+            self._datapipe = datapipe
+            return datapipe
         tail, core = _split_tail(datapipe)
         plan = (
             None

@@ -19,14 +19,11 @@ from typing import Any, Literal, cast
 import torch.distributed as dist
 from torch.utils.data import IterDataPipe
 from torch.utils.data._utils.collate import default_collate
-from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
-from torch.utils.data.graph_settings import apply_sharding
 
 from shardpipes.dataloader2 import (
     DataLoader2,
     DistributedReadingService,
     MultiProcessingReadingService,
-    SeedGenerator,
     SequentialReadingService,
 )
 from shardpipes.datapipes.iter import FullSync
@@ -38,28 +35,6 @@ __all__ = ["WebLoader"]
 
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-class _RankSplitReadingService(DistributedReadingService):
-    """Apply the graph's split with this rank, and spawn the rank's seeds; no collectives.
-
-    WebLoader equalises the ranks itself at the very end of its own chain (after the stages
-    it runs in the main process), so the per-epoch collectives of ``DistributedReadingService``
-    would only add a second, earlier synchronisation that the main-process stages could not
-    keep in step with.
-    """
-
-    def initialize(self, datapipe: IterDataPipe[Any]) -> IterDataPipe[Any]:
-        self._rank, self._world_size = dist.get_rank(), dist.get_world_size()
-        apply_sharding(datapipe, self._world_size, self._rank, SHARDING_PRIORITIES.DISTRIBUTED)
-        self._datapipe = datapipe
-        return datapipe
-
-    def initialize_iteration(self, seed_generator: SeedGenerator) -> SeedGenerator:
-        return seed_generator.spawn(self._rank)
-
-    def finalize(self) -> None:
-        pass
 
 
 class _Batch(StageIterDataPipe[Any]):
@@ -200,7 +175,11 @@ class WebLoader(FluidInterface):
                 pin_memory=self.pin_memory,
                 timeout=self.timeout,
             )
-            rs = SequentialReadingService(_RankSplitReadingService(), mp) if _distributed() else mp
+            rs = (
+                SequentialReadingService(DistributedReadingService(equalize=False), mp)
+                if _distributed()
+                else mp
+            )
             self._loader = DataLoader2(self.graph, reading_service=rs)
             self._loader.seed(self.seed)
         return self._loader
