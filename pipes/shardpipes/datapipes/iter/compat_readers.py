@@ -50,16 +50,8 @@ def _skip_or_raise(skip_on_error: bool, exc: Exception) -> None:
     warnings.warn(f"{exc}, skipping...", stacklevel=3)
 
 
-@register("read_from_http")
-class HTTPReaderIterDataPipe(StageIterDataPipe[tuple[str, Any]]):
-    """Open each HTTP(S) URL and yield ``(url, stream)`` (functional name: ``read_from_http``).
-
-    Args:
-        source_datapipe: URLs.
-        timeout: Seconds a request may take. Default: ``None``.
-        skip_on_error: Warn and skip a URL that fails instead of raising. Default: ``False``.
-        **kwargs: HTTP options such as ``headers=`` or ``auth=(user, password)``.
-    """
+class _UrlReader(StageIterDataPipe[tuple[str, Any]]):
+    """Open each URL with :meth:`_open`; warn and skip a failing one under ``skip_on_error``."""
 
     def __init__(
         self,
@@ -73,10 +65,13 @@ class HTTPReaderIterDataPipe(StageIterDataPipe[tuple[str, Any]]):
         self.skip_on_error = skip_on_error
         self.query_params = kwargs
 
+    def _open(self, url: str) -> tuple[str, Any]:
+        raise NotImplementedError
+
     def __iter__(self) -> Iterator[tuple[str, Any]]:
         for url in self.source_datapipe:
             try:
-                pair = _open_http(url, self.timeout, self.query_params)
+                pair = self._open(url)
             except Exception as exc:
                 _skip_or_raise(self.skip_on_error, exc)
                 continue
@@ -84,6 +79,21 @@ class HTTPReaderIterDataPipe(StageIterDataPipe[tuple[str, Any]]):
 
     def __len__(self) -> int:
         return len(self.source_datapipe)
+
+
+@register("read_from_http")
+class HTTPReaderIterDataPipe(_UrlReader):
+    """Open each HTTP(S) URL and yield ``(url, stream)`` (functional name: ``read_from_http``).
+
+    Args:
+        source_datapipe: URLs.
+        timeout: Seconds a request may take. Default: ``None``.
+        skip_on_error: Warn and skip a URL that fails instead of raising. Default: ``False``.
+        **kwargs: HTTP options such as ``headers=`` or ``auth=(user, password)``.
+    """
+
+    def _open(self, url: str) -> tuple[str, Any]:
+        return _open_http(url, self.timeout, self.query_params)
 
 
 def _gdrive(url: str, timeout: float | None, query_params: Mapping[str, Any]) -> tuple[str, Any]:
@@ -125,7 +135,7 @@ def _gdrive(url: str, timeout: float | None, query_params: Mapping[str, Any]) ->
 
 
 @register("read_from_gdrive")
-class GDriveReaderDataPipe(StageIterDataPipe[tuple[str, Any]]):
+class GDriveReaderDataPipe(_UrlReader):
     """Download each Google Drive link and yield ``(file name, stream)`` (functional name: ``read_from_gdrive``).
 
     Args:
@@ -143,26 +153,14 @@ class GDriveReaderDataPipe(StageIterDataPipe[tuple[str, Any]]):
         skip_on_error: bool = False,
         **kwargs: Any,
     ) -> None:
-        self.source_datapipe = source_datapipe
-        self.timeout = timeout
-        self.skip_on_error = skip_on_error
-        self.query_params = kwargs
+        super().__init__(source_datapipe, timeout, skip_on_error, **kwargs)
 
-    def __iter__(self) -> Iterator[tuple[str, Any]]:
-        for url in self.source_datapipe:
-            try:
-                pair = _gdrive(url, self.timeout, self.query_params)
-            except Exception as exc:
-                _skip_or_raise(self.skip_on_error, exc)
-                continue
-            yield pair
-
-    def __len__(self) -> int:
-        return len(self.source_datapipe)
+    def _open(self, url: str) -> tuple[str, Any]:
+        return _gdrive(url, self.timeout, self.query_params)
 
 
 @register("read_from_remote")
-class OnlineReaderIterDataPipe(StageIterDataPipe[tuple[str, Any]]):
+class OnlineReaderIterDataPipe(_UrlReader):
     """Open each URL, Google Drive links as ``read_from_gdrive``, others as ``read_from_http`` (functional name: ``read_from_remote``).
 
     Takes the arguments of ``GDriveReader``.
@@ -176,26 +174,12 @@ class OnlineReaderIterDataPipe(StageIterDataPipe[tuple[str, Any]]):
         skip_on_error: bool = False,
         **kwargs: Any,
     ) -> None:
-        self.source_datapipe = source_datapipe
-        self.timeout = timeout
-        self.skip_on_error = skip_on_error
-        self.query_params = kwargs
+        super().__init__(source_datapipe, timeout, skip_on_error, **kwargs)
 
-    def __iter__(self) -> Iterator[tuple[str, Any]]:
-        for url in self.source_datapipe:
-            drive = re.match(r"(drive|docs)[.]google[.]com", urllib.parse.urlparse(url).netloc)
-            try:
-                if drive:
-                    pair = _gdrive(url, self.timeout, self.query_params)
-                else:
-                    pair = _open_http(url, self.timeout, self.query_params)
-            except Exception as exc:
-                _skip_or_raise(self.skip_on_error, exc)
-                continue
-            yield pair
-
-    def __len__(self) -> int:
-        return len(self.source_datapipe)
+    def _open(self, url: str) -> tuple[str, Any]:
+        if re.match(r"(drive|docs)[.]google[.]com", urllib.parse.urlparse(url).netloc):
+            return _gdrive(url, self.timeout, self.query_params)
+        return _open_http(url, self.timeout, self.query_params)
 
 
 def _s3_options(
