@@ -16,7 +16,7 @@ import pathlib
 import tarfile
 import warnings
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from enum import Enum
 from typing import IO, Any
 
@@ -91,6 +91,28 @@ def _drop_suffix(path: str, suffix: str) -> str:
     return path[: -len(suffix)] if path.endswith(suffix) else path
 
 
+def _decompressed(
+    pairs: Iterable[tuple[str, Any]], suffix: str, opener: Callable[..., Any], what: str
+) -> Iterator[tuple[str, Any]]:
+    """``(path without suffix, decompressing stream)`` for each ``(path, stream)`` pair."""
+    for pair in pairs:
+        validate_pathname_binary_tuple(pair)
+        path, stream = pair
+        try:
+            yield (
+                _drop_suffix(path, suffix),
+                StreamWrapper(opener(stream, mode="rb"), _parent(stream), name=path),
+            )
+        except Exception as exc:
+            warnings.warn(
+                f"Unable to extract files from corrupted {what} stream {path} due to: {exc}, abort!",
+                stacklevel=3,
+            )
+            raise
+        finally:
+            _autoclose(stream)
+
+
 @register("load_from_xz")
 class XzFileLoaderIterDataPipe(_NominalLength):
     """Yield ``(path without .xz, decompressed stream)`` for each ``(path, xz stream)`` (functional name: ``load_from_xz``).
@@ -101,22 +123,7 @@ class XzFileLoaderIterDataPipe(_NominalLength):
     """
 
     def __iter__(self) -> Iterator[tuple[str, Any]]:
-        for pair in self.datapipe:
-            validate_pathname_binary_tuple(pair)
-            path, stream = pair
-            try:
-                yield (
-                    _drop_suffix(path, ".xz"),
-                    StreamWrapper(lzma.open(stream, mode="rb"), _parent(stream), name=path),  # noqa: SIM115 - the stream outlives this frame; the StreamWrapper closes it
-                )
-            except Exception as exc:
-                warnings.warn(
-                    f"Unable to extract files from corrupted xz/lzma stream {path} due to: {exc}, abort!",
-                    stacklevel=2,
-                )
-                raise
-            finally:
-                _autoclose(stream)
+        return _decompressed(self.datapipe, ".xz", lzma.open, "xz/lzma")
 
 
 @register("load_from_bz2")
@@ -129,22 +136,7 @@ class Bz2FileLoaderIterDataPipe(_NominalLength):
     """
 
     def __iter__(self) -> Iterator[tuple[str, Any]]:
-        for pair in self.datapipe:
-            validate_pathname_binary_tuple(pair)
-            path, stream = pair
-            try:
-                yield (
-                    _drop_suffix(path, ".bz2"),
-                    StreamWrapper(bz2.open(stream, mode="rb"), _parent(stream), name=path),  # noqa: SIM115 - the stream outlives this frame; the StreamWrapper closes it
-                )
-            except Exception as exc:
-                warnings.warn(
-                    f"Unable to extract files from corrupted bzip2 stream {path} due to: {exc}, abort!",
-                    stacklevel=2,
-                )
-                raise
-            finally:
-                _autoclose(stream)
+        return _decompressed(self.datapipe, ".bz2", bz2.open, "bzip2")
 
 
 class CompressionType(Enum):
