@@ -14,6 +14,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from _hyp import budget
 from shardpipes._resume import Runs, Segment, Shape, reader_plan, worker_batches
 from shardpipes._seeds import buffered_shuffle, derive_seed
 
@@ -103,7 +104,7 @@ def resumed(total, policy, segments, shape):
     return items, plans
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=budget(300), deadline=None)
 @given(
     total=st.integers(0, 120),
     topo=topologies,
@@ -120,7 +121,7 @@ def test_same_topology_resume_yields_exactly_the_rest(total, topo, shape, policy
     assert items == [rank_items[k:] for rank_items in full]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=budget(300), deadline=None)
 @given(
     total=st.integers(0, 120),
     old=topologies,
@@ -200,7 +201,7 @@ def test_worker_batches_round_robin():
             assert worker_batches(k, counts) == [order[:k].count(w) for w in range(3)]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=budget(200), deadline=None)
 @given(
     total=st.integers(0, 100),
     topos=st.lists(topologies, min_size=2, max_size=3),
