@@ -165,7 +165,41 @@ def datapipe_method_calls() -> list[tuple[str, str]]:
     return found
 
 
-NAMES = referenced_names()
+# Modules whose public classes the pages name bare (``ShardIndex.select``, ``DataLoader2.seed``).
+PUBLIC = [
+    "shardpipes.datapipes.iter",
+    "shardpipes.dataloader2",
+    "shardpipes.index",
+    "shardpipes.writer",
+    "shardpipes.errors",
+    "shardpipes.nodes",
+]
+_CLASS_ATTR = re.compile(r"(?<![\w.])([A-Z]\w*)\.([a-z_]\w*)")
+
+
+def class_attributes() -> list[tuple[str, str]]:
+    """``(where, Class.attr)`` for each attribute of one of our public classes shown in code."""
+    ours = {}
+    for module in PUBLIC:
+        mod = importlib.import_module(module)
+        for name in getattr(mod, "__all__", ()):
+            if isinstance(getattr(mod, name), type):
+                ours.setdefault(name, f"{module}.{name}")
+    found = []
+    for page in PAGES:
+        texts = [(line, code) for line, _, code in _blocks(page) if not _FOREIGN.search(code)]
+        prose = _prose(page)
+        texts += [
+            (prose.count("\n", 0, m.start()) + 1, m.group(1)) for m in _INLINE.finditer(prose)
+        ]
+        for line, text in texts:
+            for cls, attr in _CLASS_ATTR.findall(text):
+                if cls in ours:
+                    found.append((_where(page, line), f"{ours[cls]}.{attr}"))
+    return found
+
+
+NAMES = referenced_names() + class_attributes()
 CALLS = datapipe_method_calls()
 
 
