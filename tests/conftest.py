@@ -39,7 +39,9 @@ settings.register_profile(
 # CI (CI=true) always runs ``ci``; elsewhere the variable may choose. ``pytest
 # --hypothesis-profile=NAME`` wins over both: the plugin loads it after this file.
 settings.load_profile(
-    "ci" if os.environ.get("CI") else os.environ.get("SHARDPIPES_HYPOTHESIS_PROFILE", "ci")
+    "ci"
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes")
+    else os.environ.get("SHARDPIPES_HYPOTHESIS_PROFILE", "ci")
 )
 
 

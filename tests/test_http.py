@@ -92,7 +92,13 @@ def test_read_ahead_stays_within_readahead_blocks(http_server):
     url = http_server.add("big.bin", bytes(1 << 20))
     with open_url(url, block_size=4096, readahead=4) as f:
         assert f.read(10) == bytes(10)
-        time.sleep(0.3)  # let the threads fetch all they may
+        # Wait (a poll, however slow the machine) until the window is full: the probe and 4
+        # blocks ahead; then give the threads a moment in which fetching more would show.
+        deadline = time.monotonic() + 60
+        while len(http_server.log.gets()) < 1 + 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(http_server.log.gets()) >= 1 + 4
+        time.sleep(0.3)
     _wait_for_no_readahead_threads()
     # The first block alone (the probe), then at most 4 ahead of the one being read.
     assert len(http_server.log.gets()) <= 1 + 4 + 1
