@@ -14,6 +14,7 @@ code spans, and on mkdocstrings directives (``::: shardpipes.x.Y``):
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import re
 from pathlib import Path
@@ -244,3 +245,21 @@ def test_the_checks_catch_a_wrong_name():
         "no_such_stage", "mine"
     )
     assert stage_calls(own) == [(5, "shard_expand")]
+
+
+_PAIR = re.compile(r"`([A-Z]\w*)` \(`([a-z_]\w*)`\)")  # `TarArchiveLoader` (`load_from_tar`)
+
+
+def test_stage_classes_shown_with_their_functional_name_match_the_registry():
+    pairs = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        pairs += [(page.relative_to(ROOT), cls, fn) for cls, fn in _PAIR.findall(text)]
+    assert pairs, "no `Class` (`functional_name`) pairs found: has the API index moved?"
+    wrong = []
+    for page, cls, fn in pairs:
+        registered = IterDataPipe.functions.get(fn)
+        owner = registered.args[0] if isinstance(registered, functools.partial) else None
+        if owner is None or getattr(stages, cls, None) is not owner:
+            wrong.append(f"{page}: `{cls}` (`{fn}`), registered by {owner}")
+    assert not wrong, wrong
