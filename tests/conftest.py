@@ -65,3 +65,12 @@ def shard_dir(tmp_path) -> str:
 def shard_pattern(shard_dir) -> str:
     """Brace pattern naming the seven shards of ``shard_dir``."""
     return f"{shard_dir}/train-{{000000..000006}}.tar"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Say in the header which hypothesis settings this run uses (CI logs show it)."""
+    s = settings.default
+    return (
+        f"shardpipes: hypothesis derandomize={s.derandomize} max_examples={s.max_examples} "
+        f"database={'none' if s.database is None else 'on'}"
+    )
