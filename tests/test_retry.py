@@ -146,14 +146,15 @@ def test_an_error_stays_raised_on_later_reads(http_server):
 
 @pytest.mark.http
 def test_connection_refused_is_retried_then_named(caplog):
+    # Bound but not listening: connections are refused, and no other process can take the port
+    # while the test runs (closing it first would leave a race).
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: nothing listens there
-    url = f"http://127.0.0.1:{port}/shard.tar"
-    with pytest.raises(
-        RetriesExhaustedError, match=rf"^{url}: read failed at byte offset 0 after 3"
-    ):
-        open_url(url, retries=2, backoff=0.05)
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/shard.tar"
+        with pytest.raises(
+            RetriesExhaustedError, match=rf"^{url}: read failed at byte offset 0 after 3"
+        ):
+            open_url(url, retries=2, backoff=0.05)
     assert retry_waits(caplog.records) == ["0.05s", "0.10s"]
 
 
