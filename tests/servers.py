@@ -29,11 +29,12 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import fsspec
 import pytest
 import requests
 
@@ -569,6 +570,32 @@ def read_samples(urls: list[str], **open_kwargs: Any) -> list[tuple[str, str, in
         .decode()
     )
     return [(s["__url__"].rsplit("/", 1)[-1], s["__key__"], s[".json"]["id"]) for s in dp]
+
+
+def requests_until_it_fails(
+    log: _Log, fail: Callable[[int], object], retries: Sequence[int] = (0, 5)
+) -> list[int]:
+    """Requests the server logged while ``fail(n)`` ran (and raised), for each ``n`` in ``retries``.
+
+    A permanent error (404, 403) must cost as many requests with five retries as with none:
+    counted on the server, never timed. fsspec instances are dropped before each call, so
+    no cache answers in place of the server.
+    """
+    counts = []
+    for n in retries:
+        fsspec.AbstractFileSystem.clear_instance_cache()
+        for cls in fsspec.registry.values():
+            cls.clear_instance_cache()
+        before = len(log.records)
+        fail(n)
+        counts.append(len(log.records) - before)
+    return counts
+
+
+def retry_waits(records: Sequence[logging.LogRecord]) -> list[str]:
+    """The waits shardpipes announced before its retries (``"0.05s"``...), from caplog records."""
+    ours = "\n".join(r.getMessage() for r in records if r.name.startswith("shardpipes"))
+    return re.findall(r"retrying in (\S+s)$", ours, re.M)
 
 
 @pytest.fixture

@@ -36,7 +36,8 @@ def flat(batches):
     return [x for b in batches for x in b]
 
 
-def no_children_left(deadline=10.0):
+def no_children_left(deadline=60.0):
+    """Whether every child process has exited; waits up to ``deadline`` s (slow on a loaded box)."""
     end = time.monotonic() + deadline
     while multiprocessing.active_children():
         if time.monotonic() > end:
@@ -154,13 +155,11 @@ def kill_self_on_7(x):
 
 def test_killed_worker_gives_a_clear_error():
     dp = IterableWrapper(range(40)).sharding_filter().map(kill_self_on_7)
-    t0 = time.monotonic()
     with DataLoader2(dp, reading_service=MultiProcessingReadingService(num_workers=2)) as dl:
         with pytest.raises(
             WorkerError, match=r"worker process died.*(killed by signal|exited unexpectedly)"
         ):
-            list(dl)
-    assert time.monotonic() - t0 < 60
+            list(dl)  # a hang instead of the error is caught by the test's time-out (pyproject)
     assert no_children_left()
 
 

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _hyp import budget
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.errors import ShardpipesError
 from shardpipes.formats.tarparse import iter_tar
@@ -75,7 +76,7 @@ def build(members, fmt) -> bytes:
     return buf.getvalue()
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=budget(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(names, payloads), max_size=8), formats, st.data())
 def test_mutated_tars_raise_only_our_errors(members, fmt, data):
     raw = bytearray(build(members, fmt))
@@ -97,7 +98,7 @@ def test_mutated_tars_raise_only_our_errors(members, fmt, data):
     check(bytes(raw))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=budget(100), deadline=None)
 @given(st.binary(max_size=3000))
 def test_random_bytes_raise_only_our_errors(raw):
     check(raw)

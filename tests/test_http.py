@@ -9,7 +9,7 @@ import traceback
 
 import pytest
 
-from servers import HTTPServerHandle, Shards, read_samples
+from servers import HTTPServerHandle, Shards, read_samples, requests_until_it_fails, retry_waits
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.datapipes.iter.fsspec import (
     ForbiddenShardError,
@@ -92,14 +92,20 @@ def test_read_ahead_stays_within_readahead_blocks(http_server):
     url = http_server.add("big.bin", bytes(1 << 20))
     with open_url(url, block_size=4096, readahead=4) as f:
         assert f.read(10) == bytes(10)
-        time.sleep(0.3)  # let the threads fetch all they may
+        # Wait (a poll, however slow the machine) until the window is full: the probe and 4
+        # blocks ahead; then give the threads a moment in which fetching more would show.
+        deadline = time.monotonic() + 60
+        while len(http_server.log.gets()) < 1 + 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(http_server.log.gets()) >= 1 + 4
+        time.sleep(0.3)
     _wait_for_no_readahead_threads()
     # The first block alone (the probe), then at most 4 ahead of the one being read.
     assert len(http_server.log.gets()) <= 1 + 4 + 1
 
 
 def _wait_for_no_readahead_threads() -> None:
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60  # a poll, not a measurement: threads are slow under load
     while _readahead_threads() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _readahead_threads() == []
@@ -142,15 +148,20 @@ def test_accept_ranges_none_streams_without_range_headers(http_server, shards):
     ],
     ids=["401", "403", "404"],
 )
-def test_permanent_errors_fail_at_once_naming_the_url(http_server, status, error, what):
+def test_permanent_errors_fail_at_once_naming_the_url(http_server, status, error, what, caplog):
     url = http_server.add("x.tar", b"x")
     http_server.behaviour.status["/x.tar"] = status
-    t0 = time.monotonic()
-    with pytest.raises(error, match=rf"^{url}: {what} \(at byte offset 0\)") as info:
-        open_url(url, retries=5, backoff=10.0)
-    assert time.monotonic() - t0 < 5  # no retry: the first backoff alone would take 10 s
-    assert info.value.url == url
-    assert info.value.offset == 0
+    errors = []
+
+    def fail(retries):
+        with pytest.raises(error, match=rf"^{url}: {what} \(at byte offset 0\)") as info:
+            open_url(url, retries=retries, backoff=10.0)
+        errors.append(info.value)
+
+    sent = requests_until_it_fails(http_server.log, fail)
+    assert sent[0] == sent[1] > 0  # no retry: five retries cost no extra request
+    assert retry_waits(caplog.records) == []
+    assert [(e.url, e.offset) for e in errors] == [(url, 0)] * 2
 
 
 def test_missing_file_is_a_file_not_found_error(http_server):

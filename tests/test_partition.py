@@ -6,10 +6,11 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 
+from _hyp import budget
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.plan.partition import (
     SampleRange,
@@ -36,7 +37,7 @@ def _reads(counts: list[int], readers) -> list[np.ndarray]:
     return hits
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=budget(400), deadline=None)
 @given(
     counts=counts_st,
     topology=topology_st,
@@ -80,7 +81,7 @@ def test_partition_covers_every_sample_once_with_equal_lengths(
         assert summary.distinct == total
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=budget(300), deadline=None)
 @given(
     counts=counts_st,
     topology=topology_st,
@@ -108,7 +109,7 @@ def test_each_reader_reads_one_contiguous_piece_of_the_epoch_sequence(
         assert len(ranges) <= sum(1 for c in counts if c) + 1
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=budget(60), deadline=None)
 @given(counts=counts_st, topology=topology_st, seed=seed_st, epoch=epoch_st)
 def test_same_seed_and_epoch_give_the_same_partition(counts, topology, seed, epoch):
     world, workers = topology
@@ -120,12 +121,14 @@ def test_same_seed_and_epoch_give_the_same_partition(counts, topology, seed, epo
     assert sorted(a.order) == list(range(len(counts)))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=budget(60), deadline=None)
 @given(
     counts=st.lists(st.integers(1, 200), min_size=3, max_size=50),
     topology=topology_st,
     seed=seed_st,
 )
+# Found by a random run: 3 samples, 4 readers, "drop": every reader is empty in every epoch.
+@example(counts=[1, 1, 1], topology=(1, 4), seed=0)
 def test_shard_order_changes_across_epochs(counts, topology, seed):
     world, workers = topology
     parts = [
@@ -134,7 +137,12 @@ def test_shard_order_changes_across_epochs(counts, topology, seed):
     ]
     # With >= 3 shards two epochs share an order with probability <= 1/6; all ten with ~1e-7.
     assert len({p.order for p in parts}) > 1
-    assert len({p.readers for p in parts}) > 1
+    if parts[0].per_reader == 0:
+        # Fewer samples than readers under "drop": nobody reads anything, in any epoch, so
+        # there is nothing that could change. Whenever a reader reads, the readings must move.
+        assert all(not ranges for p in parts for ranges in p.readers)
+    else:
+        assert len({p.readers for p in parts}) > 1
 
 
 def test_consecutive_epochs_rarely_repeat_the_order():
@@ -246,7 +254,7 @@ def test_reader_index_rejects_out_of_range():
         reader_index(2, 0, world_size=2, num_workers=1)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=budget(60), deadline=None)
 @given(num_shards=st.integers(0, 50), topology=topology_st, seed=seed_st, epoch=epoch_st)
 def test_assign_shards_gives_every_shard_to_one_reader_round_robin(
     num_shards, topology, seed, epoch

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
+from _hyp import budget
 from _tars import (
     ABC,
     FailingReader,
@@ -426,7 +427,7 @@ def archives(draw):
     return members, data
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=budget(50), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     archive=archives(),
     chunk_size=st.sampled_from([512, 1024, 1536, 4096, 1 << 20]),
@@ -469,7 +470,7 @@ def damaged(draw):
 
 
 @pytest.mark.timeout(120)
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=budget(60), deadline=None)
 @given(data=damaged(), chunk_size=st.sampled_from([512, 1024, 1 << 20]))
 def test_damaged_archives_parse_or_raise_shard_format_error(data, chunk_size):
     try:
@@ -585,7 +586,7 @@ def test_compressed_fsspec_file_is_not_mapped(tmp_path):
     assert [read_pair(p)[1] for p in dp.load_from_tar()] == [d for _, d in ABC]
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=budget(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(archive=archives(), chunk_size=st.sampled_from([512, 1536, 1 << 20]))
 def test_mapped_path_reads_back_what_tarfile_wrote(tmp_path_factory, archive, chunk_size):
     members, data = archive
@@ -598,7 +599,7 @@ def test_mapped_path_reads_back_what_tarfile_wrote(tmp_path_factory, archive, ch
 
 
 @pytest.mark.timeout(120)
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=budget(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=damaged())
 def test_damaged_archives_fail_alike_mapped_and_streamed(tmp_path_factory, data):
     def outcome(stream):
