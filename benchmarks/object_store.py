@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import queue
+import signal
 import statistics
 import subprocess
 import sys
@@ -43,8 +44,8 @@ import _data  # noqa: E402
 PRESETS = {
     # 8 shards of ~35 MB (100 KB samples): bandwidth bound.
     "large": _data.Preset("os-large", shards=8, samples=2_800, payload_bytes=100_000, spread=0.15),
-    # 8 shards of ~6.7 MB (2 KB samples): many small shards, per-sample work.
-    "small": _data.Preset("os-small", shards=8, samples=11_600, payload_bytes=2_000, spread=0.15),
+    # 16 shards of ~6.7 MB (2 KB samples): many small shards, per-sample work.
+    "small": _data.Preset("os-small", shards=16, samples=23_200, payload_bytes=2_000, spread=0.15),
 }
 BUCKET = "shardpipes-relay"
 KEY, SECRET = "bench", "bench-secret"
@@ -78,8 +79,12 @@ def _plain(mode: str, urls: list[str], parallel: int) -> None:
                     total += len(data)
     else:
         work: queue.Queue[tuple[str, int, int]] = queue.Queue()
+        sizes = {}  # from one listing per folder, before the clock starts again
+        for folder in sorted({u.rsplit("/", 1)[0] for u in urls}):
+            sizes.update({"s3://" + e["name"]: e["size"] for e in fs.ls(folder, detail=True)})
+        t0 = time.perf_counter()
         for url in urls:
-            size = fs.size(url)
+            size = sizes[url]
             for start in range(0, size, 8 << 20):
                 work.put((url, start, min(size, start + (8 << 20))))
         got: list[int] = []
@@ -98,7 +103,8 @@ def _plain(mode: str, urls: list[str], parallel: int) -> None:
         for t in threads:
             t.join()
         total = sum(got)
-    print("RESULT " + json.dumps({"bytes": total, "seconds": time.perf_counter() - t0}))
+    seconds = time.perf_counter() - t0
+    print("RESULT " + json.dumps({"bytes": total, "seconds": seconds, "cpu_s": time.process_time()}))
 
 
 # --- the run -----------------------------------------------------------------------------------
@@ -181,11 +187,11 @@ def _trial(
                 r = json.loads(line[7:])
                 if r["bytes"] != m["bytes"]:
                     return {"error": f"read {r['bytes']} bytes of {m['bytes']}"}
-                return {"seconds": r["seconds"]}
+                return {"seconds": r["seconds"], "cpu_s": r["cpu_s"]}
         return {"error": (p.stderr.strip().splitlines() or ["no output"])[-1]}
     import bench
 
-    ns = argparse.Namespace(shuffle=1000, batch=64, epochs=1, timeout=args.timeout)
+    ns = argparse.Namespace(shuffle=1000, batch=64, epochs=args.epochs, timeout=args.timeout)
     with open(args.manifest_tmp, "w") as f:
         json.dump(m, f)
     r = bench.run_trial(py[reader], reader, workers, args.manifest_tmp, ns, env)
@@ -194,6 +200,13 @@ def _trial(
     if r["samples"] != r["expected"]:
         return {"error": f"{r['samples']} samples of {r['expected']}"}
     return {"seconds": r["seconds"][-1], "cpu_s": r["cpu_s"], "rss_mb": r["rss_main_mb"]}
+
+
+def _cpu(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process ``pid``."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _name(reader: str, workers: int, parallel: int) -> str:
@@ -214,9 +227,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--readers", default=",".join(f"{r}:{w}" for r, w in READERS))
     ap.add_argument("--parallel", type=int, default=16, help="threads of the s3fs xN reader")
     ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument(
+        "--epochs",
+        type=int,
+        default=1,
+        help="epochs per loader run, the last one timed (2: without worker start-up)",
+    )
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--cache-dir", default=os.path.join(REPO, ".bench", "data"))
     ap.add_argument("--venv", default=os.path.join(REPO, ".bench", "venv-peers"))
+    ap.add_argument("--relay-stats", action="store_true", help="relay prints counts per trial")
     ap.add_argument("--json", default=None, help="write every trial's figures here")
     ap.add_argument("--plot", default=None, help="write a PNG of MB/s against latency here")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -254,7 +274,13 @@ def main(argv: list[str] | None = None) -> int:
                         m = remote[p]
                         for reader, workers in readers:
                             t0 = time.perf_counter()
+                            c0 = (_cpu(moto.pid), _cpu(relay.proc.pid))
                             r = _trial(reader, workers, m, env, args, py)
+                            if args.relay_stats:
+                                relay.proc.send_signal(signal.SIGUSR1)
+                                time.sleep(0.2)
+                            r["server_cpu_s"] = _cpu(moto.pid) - c0[0]
+                            r["relay_cpu_s"] = _cpu(relay.proc.pid) - c0[1]
                             r.update(
                                 preset=p,
                                 latency_ms=lat,
@@ -266,7 +292,11 @@ def main(argv: list[str] | None = None) -> int:
                             if "seconds" in r:
                                 r["mb_per_s"] = m["bytes"] / r["seconds"] / 1e6
                             results.append(r)
-                            what = r.get("error") or f"{r['mb_per_s']:.1f} MB/s"
+                            what = r.get("error") or (
+                                f"{r['mb_per_s']:.1f} MB/s; cpu s: client "
+                                f"{r.get('cpu_s', float('nan')):.2f} moto {r['server_cpu_s']:.2f} "
+                                f"relay {r['relay_cpu_s']:.2f}; load {os.getloadavg()[0]:.1f}"
+                            )
                             log(
                                 f"[{lat:g} ms {trial + 1}/{args.trials}] {p:<5} "
                                 f"{_name(reader, workers, args.parallel):<28} {what} "

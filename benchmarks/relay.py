@@ -11,7 +11,7 @@ benchmarks). Two things are added to what flows back to the client:
   number of connections, as with S3 or GCS over a real network.
 
 Bounded: at most ``--max-connections`` at once (more wait in the listen backlog), at most one
-64 KiB chunk buffered per direction and connection (reads wait for the writer to drain). It
+256 KiB chunk buffered per direction and connection (reads wait for the writer to drain). It
 stops by itself after ``--max-seconds``, when its parent process exits, or on SIGTERM.
 
     python benchmarks/relay.py --upstream 127.0.0.1:5000 --latency-ms 50 --conn-mbps 50
@@ -33,7 +33,7 @@ from typing import Any
 
 __all__ = ["Relay", "main"]
 
-CHUNK = 64 << 10
+CHUNK = 256 << 10
 
 
 class _Conn:
@@ -50,6 +50,8 @@ class _Conn:
             if not self.awaiting:
                 self.awaiting = True
                 self.stats["requests"] += 1
+                method = data[:8].split(b" ", 1)[0].decode("ascii", "replace")
+                self.stats[method] = self.stats.get(method, 0) + 1
             writer.write(data)
             await writer.drain()
         if writer.can_write_eof():
@@ -77,7 +79,7 @@ class _Conn:
 
 async def _serve(args: argparse.Namespace) -> None:
     host, port = args.upstream.rsplit(":", 1)
-    stats = {"connections": 0, "requests": 0, "bytes": 0}
+    stats: dict[str, int] = {"connections": 0, "requests": 0, "bytes": 0}
     slots = asyncio.Semaphore(args.max_connections)
 
     async def handle(c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
@@ -111,6 +113,9 @@ async def _serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(
+        signal.SIGUSR1, lambda: print(f"RELAY-STATS {stats}", file=sys.stderr, flush=True)
+    )
     parent, deadline = os.getppid(), time.monotonic() + args.max_seconds
     async with server:
         while not stop.is_set() and time.monotonic() < deadline and os.getppid() == parent:

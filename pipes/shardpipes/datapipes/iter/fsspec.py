@@ -47,8 +47,8 @@ __all__ = [
     "read_shard_list",
 ]
 
-# Chosen by measurement over loopback S3 (docs/cloud-storage.md): per-request overhead makes
-# blocks below ~8 MiB slow; two requests in flight keep the consumer fed while one waits.
+# The block size of on_disk_cache downloads. The opener's defaults (block_size=None,
+# readahead=None) are automatic: see _readahead.py and docs/cloud-storage.md.
 DEFAULT_BLOCK_SIZE = 16 << 20
 DEFAULT_READAHEAD = 2
 
@@ -231,8 +231,8 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
         *,
         storage_options: Mapping[str, Any] | None = None,
         open_kwargs: Mapping[str, Any] | None = None,
-        block_size: int = DEFAULT_BLOCK_SIZE,
-        readahead: int = DEFAULT_READAHEAD,
+        block_size: int | None = None,
+        readahead: int | None = None,
         retries: int = 5,
         backoff: float = 0.5,
         timeout: float | None = 60.0,
@@ -254,7 +254,7 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
         self.backoff = backoff
         self.timeout = timeout
 
-    def _open(self, url: str) -> IO[Any]:
+    def _open(self, url: str, queue: Any = None) -> IO[Any]:
         if isinstance(url, ShardRange):  # a sample range from sharding_by_index: one read
             from shardpipes.index import open_range  # index.py imports this module
 
@@ -281,13 +281,31 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
             retries=self.retries,
             backoff=self.backoff,
             timeout=self.timeout,
+            queue=queue,
         )
+
+    def _remote(self, url: str) -> bool:
+        """Whether ``url`` is read through a remote stream (and so may be opened ahead)."""
+        if isinstance(url, ShardRange) or not isinstance(url, str):
+            return False
+        try:
+            fs, _ = filesystem(url, self.storage_options)
+        except Exception:  # raised again, in order, when the URL is opened
+            return False
+        return not is_local(fs, url)
 
     def __iter__(self) -> Iterator[tuple[str, IO[Any]]]:
         policy = self.handler
-        for url in self.source_datapipe:
+        if self.readahead == 0:
+            opened = ((url, None, None) for url in self.source_datapipe)
+        else:  # the next remote shards are opened, and their first blocks fetched, ahead
+            from shardpipes.datapipes.iter._readahead import Readahead, iter_opened
+
+            pool = Readahead.for_options(self.readahead)
+            opened = iter_opened(iter(self.source_datapipe), self._open, self._remote, pool)
+        for url, future, _ in opened:
             try:
-                stream = self._open(url)
+                stream = self._open(url) if future is None else future.result()
             except ShardReadError as exc:
                 if policy.raises:
                     raise
@@ -297,12 +315,12 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
             yield url, stream
 
 
-def _check_read_options(block_size: int, readahead: int) -> None:
-    if not isinstance(block_size, int) or block_size < 4096:
+def _check_read_options(block_size: int | None, readahead: int | None) -> None:
+    if block_size is not None and (not isinstance(block_size, int) or block_size < 4096):
         raise ValueError(
-            f"block_size should be an integer of at least 4096 bytes, got {block_size!r}"
+            f"block_size should be an integer of at least 4096 bytes or None, got {block_size!r}"
         )
-    if not isinstance(readahead, int) or not 0 <= readahead <= 64:
+    if readahead is not None and (not isinstance(readahead, int) or not 0 <= readahead <= 64):
         raise ValueError(f"readahead should be an integer in [0, 64], got {readahead!r}")
 
 
@@ -320,11 +338,12 @@ def open_url(
     storage_options: Mapping[str, Any] | None = None,
     open_kwargs: Mapping[str, Any] | None = None,
     *,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    readahead: int = DEFAULT_READAHEAD,
+    block_size: int | None = None,
+    readahead: int | None = None,
     retries: int = 5,
     backoff: float = 0.5,
     timeout: float | None = 60.0,
+    queue: Any = None,
 ) -> IO[Any]:
     """Open ``url`` for reading; map failures to :class:`ShardReadError` subclasses naming the URL.
 
@@ -351,6 +370,8 @@ def open_url(
             retry=retry,
             storage_options=storage_options,
             open_kwargs={k: v for k, v in kwargs.items() if k not in _TEXT_KWARGS},
+            queue=queue,
+            size=getattr(url, "size", None),
         )
         if mode == "rb":
             return cast(IO[bytes], stream)  # an io.RawIOBase, which typing.IO does not cover
