@@ -29,7 +29,6 @@ import json
 import os
 import queue
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -104,7 +103,9 @@ def _plain(mode: str, urls: list[str], parallel: int) -> None:
             t.join()
         total = sum(got)
     seconds = time.perf_counter() - t0
-    print("RESULT " + json.dumps({"bytes": total, "seconds": seconds, "cpu_s": time.process_time()}))
+    print(
+        "RESULT " + json.dumps({"bytes": total, "seconds": seconds, "cpu_s": time.process_time()})
+    )
 
 
 # --- the run -----------------------------------------------------------------------------------
@@ -128,7 +129,7 @@ def _start_moto() -> tuple[subprocess.Popen[bytes], str]:
         try:
             requests.get(url + "/moto-api/", timeout=1)
             return proc, url
-        except requests.ConnectionError:
+        except requests.ConnectionError:  # noqa: PERF203  # not up yet
             time.sleep(0.05)
     proc.kill()
     raise RuntimeError("moto did not start")
@@ -317,7 +318,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _best(results: list[dict], **key: object) -> tuple[float | None, float, int]:
-    got = [r["mb_per_s"] for r in results if "mb_per_s" in r and all(r[k] == v for k, v in key.items())]
+    got = [
+        r["mb_per_s"] for r in results if "mb_per_s" in r and all(r[k] == v for k, v in key.items())
+    ]
     if not got:
         return None, 0.0, 0
     return max(got), (max(got) - min(got)) / max(got), len(got)
@@ -389,7 +392,7 @@ def _plot(results, readers, presets, latencies, args) -> None:
             )
         ax.set_title(f"{p} preset, {args.conn_mbps:g} MB/s per connection")
         ax.set_xlabel("first-byte latency (ms)")
-        ax.set_ylabel("MB/s (best of %d)" % args.trials)
+        ax.set_ylabel(f"MB/s (best of {args.trials})")
         ax.set_xticks(latencies)
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)

@@ -121,7 +121,7 @@ async def _serve(args: argparse.Namespace) -> None:
         while not stop.is_set() and time.monotonic() < deadline and os.getppid() == parent:
             try:
                 await asyncio.wait_for(stop.wait(), 0.5)
-            except asyncio.TimeoutError:
+            except asyncio.TimeoutError:  # noqa: PERF203  # the periodic check
                 pass
     print(f"RELAY-STATS {stats}", file=sys.stderr, flush=True)
 

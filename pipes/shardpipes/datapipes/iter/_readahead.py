@@ -42,7 +42,7 @@ __all__ = [
 # at 50 ms to the first byte and 50 MB/s per connection, 8 requests of 2-8 MiB in flight
 # reach 150-300 MB/s; a reader then holds at most 56 MiB ahead + one 8 MiB block = 64 MiB.
 AUTO_MAX_BYTES = 56 << 20
-AUTO_REQUESTS = 8
+AUTO_REQUESTS = 12
 AUTO_MAX_BLOCK = 8 << 20
 _MIN_AUTO_BLOCK = 1 << 20
 _AUTO_BLOCKS_PER_OBJECT = 4
@@ -358,9 +358,9 @@ def iter_opened(
                 return
             yield ahead.popleft()
     finally:
-        for _, fut, q in ahead:
-            if q is not None:
-                q.stop()
+        for _, fut, pending in ahead:
+            if pending is not None:
+                pending.stop()
             if fut is not None:
                 fut.add_done_callback(_close_result)
         executor.shutdown(wait=False, cancel_futures=True)

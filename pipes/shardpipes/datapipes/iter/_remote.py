@@ -160,34 +160,15 @@ def _protocols(fs: Any) -> tuple[str, ...]:
 # --- the stream --------------------------------------------------------------------------------
 
 
-# Stores that always honour ranges: no probe before the first parallel requests. Other
-# servers (HTTP) are probed once per host; a server that ignores ranges is still caught on any
-# later block (a longer body than asked), and the stream then switches to streaming.
+# Stores that always honour ranges: their streams skip the probe (one block alone before the
+# parallel requests). A server that ignored ranges anyway would still be caught on any block
+# (a longer body than asked), and the stream would switch to streaming.
 _RANGES_ALWAYS = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "az", "adl", "oci", "oss"})
-_ranges_seen: set[tuple[str, str]] = set()
-_ranges_lock = threading.Lock()
 
 
-def _ranges_key(fs: Any, path: str) -> tuple[str, str]:
-    protos = _protocols(fs)
-    proto = protos[0] if protos else type(fs).__name__
-    if "://" in path:
-        return proto, path.split("://", 1)[1].split("/", 1)[0]
-    return proto, ""
-
-
-def ranges_known(fs: Any, path: str) -> bool:
-    """Whether ranges of ``fs`` (and of ``path``'s host) are known to be honoured."""
-    if set(_protocols(fs)) & _RANGES_ALWAYS:
-        return True
-    with _ranges_lock:
-        return _ranges_key(fs, path) in _ranges_seen
-
-
-def _remember_ranges(fs: Any, path: str) -> None:
-    with _ranges_lock:
-        if len(_ranges_seen) < 4096:
-            _ranges_seen.add(_ranges_key(fs, path))
+def ranges_known(fs: Any) -> bool:
+    """Whether ``fs`` is a store that always honours range requests (S3, GCS, Azure, ...)."""
+    return bool(set(_protocols(fs)) & _RANGES_ALWAYS)
 
 
 class RemoteStream(io.RawIOBase):
@@ -238,7 +219,7 @@ class RemoteStream(io.RawIOBase):
             self._transport = _StreamTransport(fs, path, retry.timeout, self._open_kwargs)
         # Until one block shows that the server honours ranges, fetch one block at a time: a
         # server that ignores Range would otherwise send the whole object to every thread.
-        self._probed = self._transport.sequential or not size or ranges_known(fs, path)
+        self._probed = self._transport.sequential or not size or ranges_known(fs)
         self._buf = b""  # the block being consumed
         self._buf_pos = 0
         self._pos = 0  # offset of the next byte read() returns
@@ -275,7 +256,16 @@ class RemoteStream(io.RawIOBase):
                 seq_pos[0] += len(data)
             return data
 
-        self._q.start(fetch, plan, self._width())
+        queue = self._q
+
+        def on_result(idx: int, result: bytes | BaseException) -> None:
+            # The probe answered with the length asked: widen now, not when it is read, so
+            # that a shard opened ahead gets its parallel requests before its turn.
+            if not self._probed and idx == 0 and isinstance(result, bytes) and result:
+                self._probed = True
+                queue.widen(self._width())
+
+        queue.start(fetch, plan, self._width(), on_result)
 
     def _width(self) -> int:
         """Requests of this stream that may run at once."""
@@ -349,11 +339,8 @@ class RemoteStream(io.RawIOBase):
             self._failed = result
             raise result
         self._next_off += len(result)
-        if not self._probed and result:
+        if not self._probed and result:  # readahead=0 (the queue widens on arrival)
             self._probed = True
-            _remember_ranges(self._fs, self._path)
-            if self._q is not None:
-                self._q.widen(self._width())
         return result
 
     # -- io.RawIOBase --
@@ -515,7 +502,7 @@ def open_remote(
         ShardReadError: Any other failure. Messages name the URL, never credentials.
     """
     redactor = Redactor(url, storage_options)
-    if size is not None and set(_protocols(fs)) & _RANGES_ALWAYS:
+    if size is not None and ranges_known(fs):
         info: dict[str, Any] = {"size": size}  # from a listing or an index: no look-up
     else:
         info = with_retries(lambda: _info(fs, path, retry.timeout), redactor, retry, "look-up", 0)

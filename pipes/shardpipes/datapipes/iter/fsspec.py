@@ -296,6 +296,7 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
 
     def __iter__(self) -> Iterator[tuple[str, IO[Any]]]:
         policy = self.handler
+        opened: Iterator[tuple[Any, Any, Any]]
         if self.readahead == 0:
             opened = ((url, None, None) for url in self.source_datapipe)
         else:  # the next remote shards are opened, and their first blocks fetched, ahead
