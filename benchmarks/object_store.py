@@ -5,9 +5,11 @@
     python benchmarks/object_store.py --plot docs/images/object_store.png --json out.json
 
 One run starts moto's S3 server (a child process), uploads two datasets (``large``: ~35 MB
-shards of 100 KB samples; ``small``: ~6.7 MB shards of 2 KB samples), and for each latency
-starts ``relay.py`` in front of it (first-byte latency before every response, ``--conn-mbps``
-per connection). Then, through the relay, each in a fresh process, round-robin over trials:
+shards of 100 KB samples; ``small``: ~6.7 MB shards of 2 KB samples), and starts one
+``relay.py`` per latency in front of it (first-byte latency before every response,
+``--conn-mbps`` per connection). Then, through the relays, each in a fresh process, with every
+trial going round-robin over latencies, presets and readers (so that other work on the
+machine hits all rows alike):
 
 - ``s3fs x1``: plain s3fs, each object ``open()`` + ``read(1 MiB)`` to the end, one after the
   other: one connection, what any sequential reader gets;
@@ -18,8 +20,11 @@ per connection). Then, through the relay, each in a fresh process, round-robin o
 - ``shardpipes``: ``open_files_by_fsspec`` with its defaults -> tar -> webdataset -> decode ->
   shuffle -> batch, in process and with ``DataLoader2`` + 2 worker processes (``_peers.py``).
 
-The figure is MB/s of shard bytes (the datasets' total size over the time to the last sample).
-Reported per row: the best of the trials, and the spread ((max - min) / max).
+The figure is MB/s of shard bytes (the datasets' total size over the time to the last sample;
+with ``--epochs 2`` the second epoch, so worker start-up is not counted). Reported per row:
+the best of the trials, and the spread ((max - min) / max). Each trial's line on stderr also
+gives the CPU seconds of the reader (with its workers), of moto and of the relay, and the load
+average: on a shared 2-core machine the three compete for the same cores.
 """
 
 from __future__ import annotations
@@ -192,6 +197,8 @@ def _trial(
         return {"error": (p.stderr.strip().splitlines() or ["no output"])[-1]}
     import bench
 
+    if reader == "before":  # shardpipes from another source tree (--before)
+        reader, env = "shardpipes", {**env, "PYTHONPATH": args.before}
     ns = argparse.Namespace(shuffle=1000, batch=64, epochs=args.epochs, timeout=args.timeout)
     with open(args.manifest_tmp, "w") as f:
         json.dump(m, f)
@@ -215,6 +222,8 @@ def _name(reader: str, workers: int, parallel: int) -> str:
         return "s3fs x1 (one connection)"
     if reader == "s3fs_n":
         return f"s3fs x{parallel} range readers"
+    if reader == "before":
+        return f"shardpipes before, {'in-process' if not workers else f'{workers} workers'}"
     return f"{reader} {'in-process' if not workers else f'{workers} workers'}"
 
 
@@ -237,6 +246,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--cache-dir", default=os.path.join(REPO, ".bench", "data"))
     ap.add_argument("--venv", default=os.path.join(REPO, ".bench", "venv-peers"))
+    ap.add_argument(
+        "--before",
+        default=None,
+        help="a pipes/ folder of another shardpipes source: adds its rows ('before')",
+    )
     ap.add_argument("--relay-stats", action="store_true", help="relay prints counts per trial")
     ap.add_argument("--json", default=None, help="write every trial's figures here")
     ap.add_argument("--plot", default=None, help="write a PNG of MB/s against latency here")
@@ -254,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
         readers.append((r, int(w or 0)))
     latencies = [float(x) for x in args.latencies.split(",")]
     presets = [p for p in args.presets.split(",") if p]
-    py = {"shardpipes": sys.executable}
+    if args.before:
+        readers += [("before", 0), ("before", 2)]
+    py = {"shardpipes": sys.executable, "before": sys.executable}
     if any(r == "webdataset" for r, _ in readers):
         wpy, why = _venv.ensure_peers_venv(args.venv, os.path.join(REPO, "constraints.txt"), log)
         if wpy is None:
@@ -265,45 +281,51 @@ def main(argv: list[str] | None = None) -> int:
     args.manifest_tmp = os.path.join(REPO, ".bench", f"object_store-{os.getpid()}.json")
     moto, endpoint = _start_moto()
     results: list[dict] = []
+    relays: dict[float, Relay] = {}
     try:
         remote = _upload(endpoint, local)
-        for lat in latencies:
-            with Relay(endpoint.split("//")[1], latency_ms=lat, conn_mbps=args.conn_mbps) as relay:
+        for lat in latencies:  # all at once: trials go round-robin over latencies and readers
+            relays[lat] = Relay(endpoint.split("//")[1], latency_ms=lat, conn_mbps=args.conn_mbps)
+        for trial in range(args.trials):
+            for lat in latencies:
+                relay = relays[lat]
                 env = _env(relay.endpoint)
-                for trial in range(args.trials):
-                    for p in presets:
-                        m = remote[p]
-                        for reader, workers in readers:
-                            t0 = time.perf_counter()
-                            c0 = (_cpu(moto.pid), _cpu(relay.proc.pid))
-                            r = _trial(reader, workers, m, env, args, py)
-                            if args.relay_stats:
-                                relay.proc.send_signal(signal.SIGUSR1)
-                                time.sleep(0.2)
-                            r["server_cpu_s"] = _cpu(moto.pid) - c0[0]
-                            r["relay_cpu_s"] = _cpu(relay.proc.pid) - c0[1]
-                            r.update(
-                                preset=p,
-                                latency_ms=lat,
-                                reader=reader,
-                                workers=workers,
-                                trial=trial,
-                                bytes=m["bytes"],
-                            )
-                            if "seconds" in r:
-                                r["mb_per_s"] = m["bytes"] / r["seconds"] / 1e6
-                            results.append(r)
-                            what = r.get("error") or (
-                                f"{r['mb_per_s']:.1f} MB/s; cpu s: client "
-                                f"{r.get('cpu_s', float('nan')):.2f} moto {r['server_cpu_s']:.2f} "
-                                f"relay {r['relay_cpu_s']:.2f}; load {os.getloadavg()[0]:.1f}"
-                            )
-                            log(
-                                f"[{lat:g} ms {trial + 1}/{args.trials}] {p:<5} "
-                                f"{_name(reader, workers, args.parallel):<28} {what} "
-                                f"({time.perf_counter() - t0:.1f} s)"
-                            )
+                for p in presets:
+                    m = remote[p]
+                    for reader, workers in readers:
+                        t0 = time.perf_counter()
+                        c0 = (_cpu(moto.pid), _cpu(relay.proc.pid))
+                        r = _trial(reader, workers, m, env, args, py)
+                        if args.relay_stats:
+                            relay.proc.send_signal(signal.SIGUSR1)
+                            time.sleep(0.2)
+                        r["server_cpu_s"] = _cpu(moto.pid) - c0[0]
+                        r["relay_cpu_s"] = _cpu(relay.proc.pid) - c0[1]
+                        r.update(
+                            preset=p,
+                            latency_ms=lat,
+                            reader=reader,
+                            workers=workers,
+                            trial=trial,
+                            bytes=m["bytes"],
+                            loadavg=os.getloadavg()[0],
+                        )
+                        if "seconds" in r:
+                            r["mb_per_s"] = m["bytes"] / r["seconds"] / 1e6
+                        results.append(r)
+                        what = r.get("error") or (
+                            f"{r['mb_per_s']:.1f} MB/s; cpu s: client "
+                            f"{r.get('cpu_s', float('nan')):.2f} moto {r['server_cpu_s']:.2f} "
+                            f"relay {r['relay_cpu_s']:.2f}; load {r['loadavg']:.1f}"
+                        )
+                        log(
+                            f"[{lat:g} ms {trial + 1}/{args.trials}] {p:<5} "
+                            f"{_name(reader, workers, args.parallel):<28} {what} "
+                            f"({time.perf_counter() - t0:.1f} s)"
+                        )
     finally:
+        for relay in relays.values():
+            relay.stop()
         moto.terminate()
         moto.wait(10)
         if os.path.exists(args.manifest_tmp):

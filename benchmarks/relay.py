@@ -81,8 +81,13 @@ async def _serve(args: argparse.Namespace) -> None:
     host, port = args.upstream.rsplit(":", 1)
     stats: dict[str, int] = {"connections": 0, "requests": 0, "bytes": 0}
     slots = asyncio.Semaphore(args.max_connections)
+    live: set[asyncio.Task[None]] = set()  # strong references: asyncio keeps only weak ones
 
     async def handle(c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
+        me = asyncio.current_task()
+        if me is not None:
+            live.add(me)  # type: ignore[arg-type]
+            me.add_done_callback(live.discard)
         async with slots:
             stats["connections"] += 1
             try:
@@ -95,12 +100,14 @@ async def _serve(args: argparse.Namespace) -> None:
                 asyncio.ensure_future(conn.up(c_reader, u_writer)),
                 asyncio.ensure_future(conn.down(u_reader, c_writer)),
             ]
+            live.update(pumps)
             try:
                 await asyncio.wait(pumps, return_when=asyncio.FIRST_EXCEPTION)
                 await asyncio.gather(*pumps, return_exceptions=True)
             finally:
                 for p in pumps:
                     p.cancel()
+                    live.discard(p)
                 for w in (u_writer, c_writer):
                     w.close()
 
@@ -123,6 +130,10 @@ async def _serve(args: argparse.Namespace) -> None:
                 await asyncio.wait_for(stop.wait(), 0.5)
             except asyncio.TimeoutError:  # noqa: PERF203  # the periodic check
                 pass
+        server.close()
+        for task in asyncio.all_tasks():  # connections still open: end them quietly
+            if task is not asyncio.current_task():
+                task.cancel()
     print(f"RELAY-STATS {stats}", file=sys.stderr, flush=True)
 
 

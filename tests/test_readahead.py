@@ -178,3 +178,21 @@ def test_a_stopped_queue_gives_its_budget_back():
 def test_pipeline_over_s3_with_defaults_reads_every_sample_in_order(s3, shards):
     urls = s3.put("data", shards.data)
     assert read_samples(urls, storage_options=s3.options()) == shards.expected
+
+
+@pytest.mark.s3
+def test_sizes_from_the_listing_save_the_look_ups(s3, shards, fault_proxy):
+    s3.put("data", shards.data)
+    proxy = fault_proxy(s3.endpoint)
+    opts = s3.options(proxy.url)
+    dp = (
+        IterableWrapper(["s3://data/"])
+        .list_files_by_fsspec(masks="*.tar", storage_options=opts)
+        .open_files_by_fsspec(storage_options=opts)
+    )
+    got = {u.rsplit("/", 1)[1]: s.read() for u, s in dp}
+    assert got == shards.data
+    methods = [r.method for r in proxy.log.records]
+    # s3fs answers the opener's look-ups from the listing it cached: no HEAD per shard.
+    assert methods.count("HEAD") == 0
+    assert methods.count("GET") == len(shards.data) + 1  # one listing, one GET per shard

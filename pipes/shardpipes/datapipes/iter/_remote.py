@@ -1,9 +1,10 @@
 """Resumable, read-ahead streams over remote fsspec filesystems (S3, GCS, HTTP, ...).
 
 :class:`RemoteStream` reads one remote object as a sequence of ``block_size`` byte ranges.
-Background threads fetch the next ``readahead`` blocks while the consumer parses the current
-one, so the pipeline stays busy while the network waits; memory is bounded by
-``(readahead + 1) * block_size`` per open stream, whatever the object's size.
+Background threads fetch the next blocks while the consumer parses the current one, so the
+pipeline stays busy while the network waits. The threads and the memory budget belong to a
+reader (:mod:`._readahead`), which may hold several streams: the next shards' blocks are
+fetched, in reading order, while the current one is read; memory is bounded per reader.
 
 Each block is one range request (``fs.cat_file(path, start, end)``). A transient failure (a
 connection reset, a time-out, a 5xx, a short body) is retried with exponential backoff by

@@ -175,15 +175,16 @@ class FSSpecFileListerIterDataPipe(StageIterDataPipe[str]):
 class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
     """Open each URL through fsspec and yield ``(url, stream)`` (functional name: ``open_files_by_fsspec``).
 
-    Streams are opened lazily, one at a time, and read sequentially by the next stage, which
-    closes them; nothing is downloaded whole. Local files are opened directly. Remote objects
-    (S3, GCS, HTTP, ...) are read in ``block_size`` range requests, ``readahead`` of them
-    fetched by background threads while the pipeline works on the current one, so memory
-    stays bounded by ``(readahead + 1) * block_size`` per open stream. A transient error
+    Streams are read sequentially by the next stage, which closes them; nothing is downloaded
+    whole. Local files are opened directly. Remote objects (S3, GCS, HTTP, ...) are read in
+    range requests by background threads, with one read-ahead for the whole iteration: the
+    next remote shards are looked up and their first blocks requested while the current one
+    is read. Memory stays bounded (by default at most 56 MiB ahead plus the block being read:
+    64 MiB per reader; see ``docs/cloud-storage.md``). A transient error
     (connection reset, time-out, 5xx, a response cut short) is retried ``retries`` times with
     exponential backoff, and the read resumes at the byte offset it had reached: the stream
     delivers every byte once, in order. Permanent errors (no such key or bucket, 401/403)
-    fail at once.
+    fail at once, in the order of the URLs.
 
     Args:
         source_datapipe: URLs to open.
@@ -194,9 +195,11 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
             ``{"headers": {...}}``). Never shown in error messages.
         open_kwargs: Passed to ``fs.open`` for local files and for remote servers that cannot
             serve ranges (for example ``encoding``).
-        block_size: Bytes per range request. Default: ``16 MiB``.
-        readahead: Blocks fetched ahead in background threads; ``0`` fetches in the reading
-            thread. Default: ``2``.
+        block_size: Bytes per range request, or ``None``: a quarter of each object, within
+            1-8 MiB. Default: ``None``.
+        readahead: Blocks in flight or ready ahead of the reader, across shard boundaries
+            (as many requests at once); ``0`` fetches in the reading thread and opens no shard
+            ahead; ``None``: within 56 MiB, up to 12 requests at once. Default: ``None``.
         retries: Retries of a failing request after the first attempt. Default: ``5``.
         backoff: Seconds before the first retry, doubled for each next one (at most 30 s).
             Default: ``0.5``.
