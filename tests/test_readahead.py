@@ -196,3 +196,18 @@ def test_sizes_from_the_listing_save_the_look_ups(s3, shards, fault_proxy):
     # s3fs answers the opener's look-ups from the listing it cached: no HEAD per shard.
     assert methods.count("HEAD") == 0
     assert methods.count("GET") == len(shards.data) + 1  # one listing, one GET per shard
+
+
+@pytest.mark.s3
+def test_a_range_read_requests_nothing_before_its_offset(s3, fault_proxy):
+    from shardpipes.index import open_range
+
+    data = bytes(range(256)) * 4096  # 1 MiB
+    (url,) = s3.put("data", {"big.bin": data})
+    proxy = fault_proxy(s3.endpoint)
+    offset, size = 300_000, 500_000
+    opts = s3.options(proxy.url)
+    with open_range(url, offset, size, opts, max_fetch=65536, block_size=65536) as f:
+        assert f.read() == data[offset : offset + size]
+    starts = sorted(int(g.range.split("=")[1].split("-")[0]) for g in proxy.log.gets("big.bin"))
+    assert starts[0] == offset  # no block from the start of the object, fetched and dropped

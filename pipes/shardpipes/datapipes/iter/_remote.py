@@ -200,6 +200,7 @@ class RemoteStream(io.RawIOBase):
         redactor: Redactor | None = None,
         open_kwargs: Mapping[str, Any] | None = None,
         queue: BlockQueue | None = None,
+        start: int = 0,
     ) -> None:
         super().__init__()
         self._redactor = redactor or Redactor(url, None)
@@ -223,13 +224,13 @@ class RemoteStream(io.RawIOBase):
         self._probed = self._transport.sequential or not size or ranges_known(fs)
         self._buf = b""  # the block being consumed
         self._buf_pos = 0
-        self._pos = 0  # offset of the next byte read() returns
+        self._pos = start  # offset of the next byte read() returns
         self._next_off = 0  # offset of the next block _next_block() returns
         self._failed: BaseException | None = None
         self._q: BlockQueue | None = None
         if readahead != 0:
             self._q = queue if queue is not None else Readahead.for_options(readahead).queue()
-        self._restart(0)
+        self._restart(start)  # a range reader starts where it reads: nothing fetched before
 
     # -- fetching --
 
@@ -492,6 +493,7 @@ def open_remote(
     open_kwargs: Mapping[str, Any] | None = None,
     queue: BlockQueue | None = None,
     size: int | None = None,
+    start: int = 0,
 ) -> RemoteStream:
     """Look ``url`` up (with retries) and return a :class:`RemoteStream` that reads it.
 
@@ -523,6 +525,7 @@ def open_remote(
         redactor=redactor,
         open_kwargs=open_kwargs,
         queue=queue,
+        start=start,
     )
 
 
