@@ -252,8 +252,15 @@ def main() -> None:
         w = args.work_us
         openers: list[tuple[str, Callable[[], Any]]] = [
             ("s3fs default open", lambda: [(url, fs.open("bench/shard.tar", "rb"))]),
-            ("shardpipes 16 MiB x 0", lambda: [(url, open_url(url, "rb", opts, readahead=0))]),
-            ("shardpipes 16 MiB x 2", lambda: [(url, open_url(url, "rb", opts, readahead=2))]),
+            (
+                "shardpipes 16 MiB x 0",
+                lambda: [(url, open_url(url, "rb", opts, block_size=16 << 20, readahead=0))],
+            ),
+            (
+                "shardpipes 16 MiB x 2",
+                lambda: [(url, open_url(url, "rb", opts, block_size=16 << 20, readahead=2))],
+            ),
+            ("shardpipes defaults", lambda: [(url, open_url(url, "rb", opts))]),
         ]
         for work in ("none", "nogil", "gil"):
             label = "no work" if work == "none" else f"{w:.0f} us/sample {work} work"

@@ -37,8 +37,8 @@ __all__ = [
     "unstrip",
 ]
 
-# Chosen by measurement over loopback S3 (docs/cloud-storage.md): per-request overhead makes
-# blocks below ~8 MiB slow; two requests in flight keep the consumer fed while one waits.
+# The block size of on_disk_cache downloads. The opener's defaults (block_size=None,
+# readahead=None) are automatic: see storage/readahead.py and docs/cloud-storage.md.
 DEFAULT_BLOCK_SIZE = 16 << 20
 DEFAULT_READAHEAD = 2
 
@@ -69,13 +69,13 @@ def unstrip(fs: Any, path: str, like: str) -> str:
     return str(fs.unstrip_protocol(path))
 
 
-def check_read_options(block_size: int, readahead: int) -> None:
+def check_read_options(block_size: int | None, readahead: int | None) -> None:
     """Check the read-ahead options of an opener (``ValueError`` naming the bad one)."""
-    if not isinstance(block_size, int) or block_size < 4096:
+    if block_size is not None and (not isinstance(block_size, int) or block_size < 4096):
         raise ValueError(
-            f"block_size should be an integer of at least 4096 bytes, got {block_size!r}"
+            f"block_size should be an integer of at least 4096 bytes or None, got {block_size!r}"
         )
-    if not isinstance(readahead, int) or not 0 <= readahead <= 64:
+    if readahead is not None and (not isinstance(readahead, int) or not 0 <= readahead <= 64):
         raise ValueError(f"readahead should be an integer in [0, 64], got {readahead!r}")
 
 
@@ -93,11 +93,12 @@ def open_url(
     storage_options: Mapping[str, Any] | None = None,
     open_kwargs: Mapping[str, Any] | None = None,
     *,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    readahead: int = DEFAULT_READAHEAD,
+    block_size: int | None = None,
+    readahead: int | None = None,
     retries: int = 5,
     backoff: float = 0.5,
     timeout: float | None = 60.0,
+    queue: Any = None,
 ) -> IO[Any]:
     """Open ``url`` for reading; map failures to :class:`ShardReadError` subclasses naming the URL.
 
@@ -124,6 +125,8 @@ def open_url(
             retry=retry,
             storage_options=storage_options,
             open_kwargs={k: v for k, v in kwargs.items() if k not in _TEXT_KWARGS},
+            queue=queue,
+            size=getattr(url, "size", None),
         )
         if mode == "rb":
             return cast(IO[bytes], stream)  # an io.RawIOBase, which typing.IO does not cover

@@ -296,9 +296,8 @@ def open_range(
         else:
             stream = open_remote(
                 url, fs, path, block_size=block_size, readahead=2, retry=retry,
-                storage_options=storage_options,
+                storage_options=storage_options, start=offset,
             )  # fmt: skip
-            stream.seek(offset)
             raw = cast(IO[bytes], stream)
     except ShardReadError:
         raise  # already names the URL (without credentials) and the offset

@@ -1,9 +1,10 @@
 """Resumable, read-ahead streams over remote fsspec filesystems (S3, GCS, HTTP, ...).
 
 :class:`RemoteStream` reads one remote object as a sequence of ``block_size`` byte ranges.
-Background threads fetch the next ``readahead`` blocks while the consumer parses the current
-one, so the pipeline stays busy while the network waits; memory is bounded by
-``(readahead + 1) * block_size`` per open stream, whatever the object's size.
+Background threads fetch the next blocks while the consumer parses the current one, so the
+pipeline stays busy while the network waits. The threads and the memory budget belong to a
+reader (:mod:`shardpipes.storage.readahead`), which may hold several streams: the next shards' blocks are
+fetched, in reading order, while the current one is read; memory is bounded per reader.
 
 Each block is one range request (``fs.cat_file(path, start, end)``). A transient failure (a
 connection reset, a time-out, a 5xx, a short body) is retried with exponential backoff by
@@ -27,6 +28,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from shardpipes.storage.readahead import BlockQueue, Readahead, auto_block_size
 from shardpipes.storage.retry import (
     ForbiddenShardError,
     MissingShardError,
@@ -159,109 +161,15 @@ def _protocols(fs: Any) -> tuple[str, ...]:
 # --- the stream --------------------------------------------------------------------------------
 
 
-class _Prefetcher:
-    """Threads fetching blocks ``0, 1, 2, ...`` (from ``base``) ahead of the consumer, in order.
+# Stores that always honour ranges: their streams skip the probe (one block alone before the
+# parallel requests). A server that ignored ranges anyway would still be caught on any block
+# (a longer body than asked), and the stream would switch to streaming.
+_RANGES_ALWAYS = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "az", "adl", "oci", "oss"})
 
-    Invariant: at most ``depth`` blocks beyond the one the consumer holds are fetched or in
-    flight, so memory is bounded by ``(depth + 1) * block_size`` whatever the object's size.
-    After a failure or the end, no block past it is claimed.
-    """
 
-    def __init__(
-        self,
-        stream: RemoteStream,
-        transport: _RangeTransport | _StreamTransport,
-        base: int,
-        threads: int,
-        depth: int,
-    ) -> None:
-        # The transport is fixed for the prefetcher's life: when the stream switches to another
-        # one, it starts a new prefetcher, and threads of the old one never touch the new one.
-        self.stream = stream
-        self.transport = transport
-        self.base = base
-        self.depth = depth
-        self.halt = threading.Event()  # set by stop(): no new requests, no more waiting
-        self.cond = threading.Condition()
-        self.next_claim = 0  # index of the next block a thread may start
-        self.consumed = 0  # index of the next block the consumer takes
-        self.end: int | None = None  # first index past the end (or past a failure)
-        self.results: dict[int, bytes | BaseException] = {}
-        self.seq_pos = base  # sequential transport: offset of the next block
-        self.threads: list[threading.Thread] = []
-        self.widen(threads, depth)
-
-    def widen(self, threads: int, depth: int) -> None:
-        """Let up to ``threads`` requests run at once, ``depth`` blocks ahead."""
-        with self.cond:
-            self.depth = depth
-            self.cond.notify_all()
-        for _ in range(threads - len(self.threads)):
-            t = threading.Thread(target=self._run, name="shardpipes-readahead", daemon=True)
-            self.threads.append(t)
-            t.start()
-
-    def _start_of(self, idx: int) -> int | None:
-        """Offset of block ``idx``, or ``None`` past the end (sequential: not known ahead)."""
-        if self.transport.sequential:
-            return self.seq_pos
-        start = self.base + idx * self.stream._block_size
-        size = self.stream.size
-        return start if size is None or start < size else None
-
-    def _past_end(self, idx: int) -> bool:
-        return (self.end is not None and idx >= self.end) or self._start_of(idx) is None
-
-    def _claim(self) -> int | None:
-        with self.cond:
-            while not self.halt.is_set():
-                idx = self.next_claim
-                if self._past_end(idx):
-                    return None
-                if idx < self.consumed + self.depth:
-                    self.next_claim += 1
-                    return idx
-                self.cond.wait()
-            return None
-
-    def _run(self) -> None:
-        while (idx := self._claim()) is not None:
-            result: bytes | BaseException
-            try:
-                start = self._start_of(idx)
-                if start is None:
-                    return
-                result = self.stream._fetch_block(self.transport, start, self.halt)
-                if self.transport.sequential:  # one thread: offsets follow the data
-                    self.seq_pos += len(result)
-            except BaseException as exc:  # handed to the consumer, raised at its position
-                result = exc
-            with self.cond:
-                if self.halt.is_set():
-                    return
-                self.results[idx] = result
-                if isinstance(result, BaseException) or not result:
-                    self.end = idx + 1 if self.end is None else min(self.end, idx + 1)
-                self.cond.notify_all()
-
-    def take(self) -> bytes | BaseException:
-        """The next block in order; ``b""`` past the end."""
-        with self.cond:
-            idx = self.consumed
-            while idx not in self.results:
-                if self.halt.is_set() or self._past_end(idx):
-                    return b""
-                self.cond.wait()
-            self.consumed += 1
-            self.cond.notify_all()
-            return self.results.pop(idx)
-
-    def stop(self) -> None:
-        """Stop claiming, drop fetched blocks; requests in flight finish and are discarded."""
-        self.halt.set()
-        with self.cond:
-            self.results.clear()
-            self.cond.notify_all()
+def ranges_known(fs: Any) -> bool:
+    """Whether ``fs`` is a store that always honours range requests (S3, GCS, Azure, ...)."""
+    return bool(set(_protocols(fs)) & _RANGES_ALWAYS)
 
 
 class RemoteStream(io.RawIOBase):
@@ -286,11 +194,13 @@ class RemoteStream(io.RawIOBase):
         *,
         size: int | None,
         ranges: bool,
-        block_size: int,
-        readahead: int,
+        block_size: int | None,
+        readahead: int | None,
         retry: RetryPolicy,
         redactor: Redactor | None = None,
         open_kwargs: Mapping[str, Any] | None = None,
+        queue: BlockQueue | None = None,
+        start: int = 0,
     ) -> None:
         super().__init__()
         self._redactor = redactor or Redactor(url, None)
@@ -298,7 +208,7 @@ class RemoteStream(io.RawIOBase):
         self.size = size
         self.attempts = 0
         self._fs, self._path = fs, path
-        self._block_size = block_size
+        self._block_size = block_size if block_size is not None else auto_block_size(size)
         self._readahead = readahead
         self._retry = retry
         self._open_kwargs = dict(open_kwargs or {})
@@ -311,27 +221,59 @@ class RemoteStream(io.RawIOBase):
             self._transport = _StreamTransport(fs, path, retry.timeout, self._open_kwargs)
         # Until one block shows that the server honours ranges, fetch one block at a time: a
         # server that ignores Range would otherwise send the whole object to every thread.
-        self._probed = self._transport.sequential or not size
+        self._probed = self._transport.sequential or not size or ranges_known(fs)
         self._buf = b""  # the block being consumed
         self._buf_pos = 0
-        self._pos = 0  # offset of the next byte read() returns
+        self._pos = start  # offset of the next byte read() returns
         self._next_off = 0  # offset of the next block _next_block() returns
         self._failed: BaseException | None = None
-        self._pf: _Prefetcher | None = None
-        self._restart(0)
+        self._q: BlockQueue | None = None
+        if readahead != 0:
+            self._q = queue if queue is not None else Readahead.for_options(readahead).queue()
+        self._restart(start)  # a range reader starts where it reads: nothing fetched before
 
     # -- fetching --
 
     def _restart(self, offset: int) -> None:
-        if self._pf is not None:
-            self._pf.stop()
-            self._pf = None
         self._next_off = offset
-        if self._readahead > 0:
-            wide = self._probed and not self._transport.sequential and _is_async(self._fs)
-            threads = self._readahead if wide else 1
-            depth = self._readahead if self._probed else 1
-            self._pf = _Prefetcher(self, self._transport, offset, threads, depth)
+        if self._q is None:
+            return
+        if self._q.plan is not None:  # a seek: a fresh queue in this stream's place
+            self._q = self._q.pool.replace(self._q)
+        transport = self._transport  # fixed for the queue's life; a switch starts a new queue
+        base, bs = offset, self._block_size
+        seq_pos = [offset]  # sequential transport: offset of the next block to fetch
+
+        def plan(idx: int) -> tuple[int, int] | None:
+            if transport.sequential:
+                return seq_pos[0], bs
+            start = base + idx * bs
+            if self.size is None:
+                return start, bs
+            return (start, min(bs, self.size - start)) if start < self.size else None
+
+        def fetch(start: int, length: int, halt: threading.Event) -> bytes:
+            data = self._fetch_block(transport, start, halt)
+            if transport.sequential:  # one request at a time: offsets follow the data
+                seq_pos[0] += len(data)
+            return data
+
+        queue = self._q
+
+        def on_result(idx: int, result: bytes | BaseException) -> None:
+            # The probe answered with the length asked: widen now, not when it is read, so
+            # that a shard opened ahead gets its parallel requests before its turn.
+            if not self._probed and idx == 0 and isinstance(result, bytes) and result:
+                self._probed = True
+                queue.widen(self._width())
+
+        queue.start(fetch, plan, self._width(), on_result)
+
+    def _width(self) -> int:
+        """Requests of this stream that may run at once."""
+        if not self._probed or self._transport.sequential or not _is_async(self._fs):
+            return 1
+        return self._q.pool.max_requests if self._q is not None else 1
 
     def _fetch_block(
         self, transport: _RangeTransport | _StreamTransport, start: int, halt: threading.Event
@@ -377,30 +319,30 @@ class RemoteStream(io.RawIOBase):
         """The next block of the stream, ``b""`` at the end."""
         if self._failed is not None:
             raise self._failed
-        if self._pf is None:  # readahead=0: fetch in the caller's thread
+        if self._q is None:  # readahead=0: fetch in the caller's thread
             result: bytes | BaseException
             try:
                 result = self._fetch_block(self._transport, self._next_off, self._halt)
             except Exception as exc:  # kept, so that every later read raises it again
                 result = exc
         else:
-            result = self._pf.take()
+            result = self._q.take()
         if isinstance(result, _RangesIgnored):
             logger.info("%s: the server ignores range requests; streaming it instead", self.url)
             self._transport = _StreamTransport(
                 self._fs, self._path, self._retry.timeout, self._open_kwargs
             )
             self._probed = True
+            if self._q is not None:
+                self._q = self._q.pool.replace(self._q)
             self._restart(self._next_off)
             return self._next_block()
         if isinstance(result, BaseException):
             self._failed = result
             raise result
         self._next_off += len(result)
-        if not self._probed and result:
+        if not self._probed and result:  # readahead=0 (the queue widens on arrival)
             self._probed = True
-            if self._pf is not None:
-                self._pf.widen(self._readahead if _is_async(self._fs) else 1, self._readahead)
         return result
 
     # -- io.RawIOBase --
@@ -502,8 +444,8 @@ class RemoteStream(io.RawIOBase):
         """Stop the read-ahead threads and drop buffered blocks; idempotent."""
         if not self.closed:
             self._halt.set()
-            if self._pf is not None:
-                self._pf.stop()
+            if self._q is not None:
+                self._q.stop()
             self._transport.close()
             self._buf = b""
         super().close()
@@ -547,11 +489,14 @@ def open_remote(
     fs: Any,
     path: str,
     *,
-    block_size: int,
-    readahead: int,
+    block_size: int | None,
+    readahead: int | None,
     retry: RetryPolicy,
     storage_options: Mapping[str, Any] | None = None,
     open_kwargs: Mapping[str, Any] | None = None,
+    queue: BlockQueue | None = None,
+    size: int | None = None,
+    start: int = 0,
 ) -> RemoteStream:
     """Look ``url`` up (with retries) and return a :class:`RemoteStream` that reads it.
 
@@ -563,22 +508,27 @@ def open_remote(
         ShardReadError: Any other failure. Messages name the URL, never credentials.
     """
     redactor = Redactor(url, storage_options)
-    info = with_retries(lambda: _info(fs, path, retry.timeout), redactor, retry, "look-up", 0)
+    if size is not None and ranges_known(fs):
+        info: dict[str, Any] = {"size": size}  # from a listing or an index: no look-up
+    else:
+        info = with_retries(lambda: _info(fs, path, retry.timeout), redactor, retry, "look-up", 0)
     if info.get("type") == "directory":
         msg = f"{redactor.url}: is a directory, not a file"
         raise NotAFileError(msg, url=redactor.url, offset=0, err=errno.EISDIR)
-    size = info.get("size")
+    got = info.get("size")
     return RemoteStream(
         url,
         fs,
         path,
-        size=int(size) if size is not None else None,
+        size=int(got) if got is not None else None,
         ranges=info.get("partial", True) is not False,
         block_size=block_size,
         readahead=readahead,
         retry=retry,
         redactor=redactor,
         open_kwargs=open_kwargs,
+        queue=queue,
+        start=start,
     )
 
 

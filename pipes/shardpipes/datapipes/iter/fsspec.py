@@ -24,6 +24,7 @@ from shardpipes.storage.open import (
     unstrip,
 )
 from shardpipes.storage.ranges import ShardRange, open_range
+from shardpipes.storage.readahead import Readahead, iter_opened
 from shardpipes.storage.retry import (
     ForbiddenShardError,
     MissingShardError,
@@ -149,15 +150,16 @@ class FSSpecFileListerIterDataPipe(StageIterDataPipe[str]):
 class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
     """Open each URL through fsspec and yield ``(url, stream)`` (functional name: ``open_files_by_fsspec``).
 
-    Streams are opened lazily, one at a time, and read sequentially by the next stage, which
-    closes them; nothing is downloaded whole. Local files are opened directly. Remote objects
-    (S3, GCS, HTTP, ...) are read in ``block_size`` range requests, ``readahead`` of them
-    fetched by background threads while the pipeline works on the current one, so memory
-    stays bounded by ``(readahead + 1) * block_size`` per open stream. A transient error
+    Streams are read sequentially by the next stage, which closes them; nothing is downloaded
+    whole. Local files are opened directly. Remote objects (S3, GCS, HTTP, ...) are read in
+    range requests by background threads, with one read-ahead for the whole iteration: the
+    next remote shards are looked up and their first blocks requested while the current one
+    is read. Memory stays bounded (by default at most 56 MiB ahead plus the block being read:
+    64 MiB per reader; see ``docs/cloud-storage.md``). A transient error
     (connection reset, time-out, 5xx, a response cut short) is retried ``retries`` times with
     exponential backoff, and the read resumes at the byte offset it had reached: the stream
     delivers every byte once, in order. Permanent errors (no such key or bucket, 401/403)
-    fail at once.
+    fail at once, in the order of the URLs.
 
     Args:
         source_datapipe: URLs to open.
@@ -168,9 +170,11 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
             ``{"headers": {...}}``). Never shown in error messages.
         open_kwargs: Passed to ``fs.open`` for local files and for remote servers that cannot
             serve ranges (for example ``encoding``).
-        block_size: Bytes per range request. Default: ``16 MiB``.
-        readahead: Blocks fetched ahead in background threads; ``0`` fetches in the reading
-            thread. Default: ``2``.
+        block_size: Bytes per range request, or ``None``: a quarter of each object, within
+            1-8 MiB. Default: ``None``.
+        readahead: Blocks in flight or ready ahead of the reader, across shard boundaries
+            (as many requests at once); ``0`` fetches in the reading thread and opens no shard
+            ahead; ``None``: within 56 MiB, up to 12 requests at once. Default: ``None``.
         retries: Retries of a failing request after the first attempt. Default: ``5``.
         backoff: Seconds before the first retry, doubled for each next one (at most 30 s).
             Default: ``0.5``.
@@ -205,8 +209,8 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
         *,
         storage_options: Mapping[str, Any] | None = None,
         open_kwargs: Mapping[str, Any] | None = None,
-        block_size: int = DEFAULT_BLOCK_SIZE,
-        readahead: int = DEFAULT_READAHEAD,
+        block_size: int | None = None,
+        readahead: int | None = None,
         retries: int = 5,
         backoff: float = 0.5,
         timeout: float | None = 60.0,
@@ -228,7 +232,7 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
         self.backoff = backoff
         self.timeout = timeout
 
-    def _open(self, url: str) -> IO[Any]:
+    def _open(self, url: str, queue: Any = None) -> IO[Any]:
         if isinstance(url, ShardRange):  # a sample range from sharding_by_index: one read
             return cast(
                 IO[Any],
@@ -253,13 +257,30 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
             retries=self.retries,
             backoff=self.backoff,
             timeout=self.timeout,
+            queue=queue,
         )
+
+    def _remote(self, url: str) -> bool:
+        """Whether ``url`` is read through a remote stream (and so may be opened ahead)."""
+        if isinstance(url, ShardRange) or not isinstance(url, str):
+            return False
+        try:
+            fs, _ = filesystem(url, self.storage_options)
+        except Exception:  # raised again, in order, when the URL is opened
+            return False
+        return not is_local(fs, url)
 
     def __iter__(self) -> Iterator[tuple[str, IO[Any]]]:
         policy = self.handler
-        for url in self.source_datapipe:
+        opened: Iterator[tuple[Any, Any, Any]]
+        if self.readahead == 0:
+            opened = ((url, None, None) for url in self.source_datapipe)
+        else:  # the next remote shards are opened, and their first blocks fetched, ahead
+            pool = Readahead.for_options(self.readahead)
+            opened = iter_opened(iter(self.source_datapipe), self._open, self._remote, pool)
+        for url, future, _ in opened:
             try:
-                stream = self._open(url)
+                stream = self._open(url) if future is None else future.result()
             except ShardReadError as exc:
                 if policy.raises:
                     raise

@@ -1,0 +1,398 @@
+"""One reader's read-ahead: the blocks of its streams fetched in reading order, across shards.
+
+An object store answers each request after tens of milliseconds and serves each connection at
+tens of MB/s, so a reader is fast only when it keeps several requests open, and keeps them
+open when one shard ends and the next begins. :class:`Readahead` does this for a reader (one
+``open_files_by_fsspec`` iteration, or one stream opened alone):
+
+- every stream of the reader takes a :class:`BlockQueue`, in the order the streams are read;
+  the queues' blocks are claimed in that order, as if the shards were one long object, so the
+  first blocks of the next shards are requested while the current one is parsed;
+- ``max_requests`` background threads (named ``shardpipes-readahead``) fetch claimed blocks;
+  they end when the reader has no stream left;
+- memory: blocks in flight or fetched and not yet read stay within ``max_bytes`` (and
+  ``max_blocks`` when set), over all the reader's streams; plus the block each stream's reader
+  holds. A stream whose next block cannot be claimed because other streams hold the budget
+  (it is read out of order) fetches that block itself, so nothing waits forever.
+
+:func:`iter_opened` opens the next shards (their look-ups) ahead, in a small thread pool, so
+that their queues exist before they are read; its ``yield`` order and errors are those of
+opening one URL after the other.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+__all__ = [
+    "AUTO_MAX_BLOCK",
+    "AUTO_MAX_BYTES",
+    "AUTO_REQUESTS",
+    "BlockQueue",
+    "Readahead",
+    "auto_block_size",
+    "iter_opened",
+]
+
+# Defaults chosen with benchmarks/object_store.py (docs/cloud-storage.md, "Throughput"):
+# at 50 ms to the first byte and 50 MB/s per connection, 8 requests of 2-8 MiB in flight
+# reach 150-300 MB/s; a reader then holds at most 56 MiB ahead + one 8 MiB block = 64 MiB.
+AUTO_MAX_BYTES = 56 << 20
+AUTO_REQUESTS = 12
+AUTO_MAX_BLOCK = 8 << 20
+_MIN_AUTO_BLOCK = 1 << 20
+_AUTO_BLOCKS_PER_OBJECT = 4
+_MAX_SHARDS_AHEAD = 8
+
+
+def auto_block_size(size: int | None) -> int:
+    """Bytes per request for an object of ``size`` bytes: a quarter of it, within 1-8 MiB.
+
+    A few blocks per object let several requests of one shard run at once; blocks of 1 MiB
+    and more keep the request count (and the per-request latency paid) low.
+
+    Examples:
+        >>> auto_block_size(35_000_000) >> 20, auto_block_size(6_700_000), auto_block_size(None) >> 20
+        (8, 1835008, 8)
+    """
+    if size is None:
+        return AUTO_MAX_BLOCK
+    quarter = -(-size // _AUTO_BLOCKS_PER_OBJECT)
+    quarter = -(-quarter // (256 << 10)) * (256 << 10)  # whole 256 KiB
+    return max(_MIN_AUTO_BLOCK, min(AUTO_MAX_BLOCK, quarter))
+
+
+class BlockQueue:
+    """The blocks of one stream, in order: claimed by the reader's threads, taken by the stream.
+
+    Created by :meth:`Readahead.queue` in reading order; not fetched from until
+    :meth:`start` gives it the stream's fetch function.
+    """
+
+    def __init__(self, pool: Readahead) -> None:
+        self.pool = pool
+        self.fetch: Callable[[int, int, threading.Event], bytes] | None = None
+        self.plan: Callable[[int], tuple[int, int] | None] | None = None
+        self.max_in_flight = 0  # 0: not started
+        self.halt = threading.Event()
+        self.next_claim = 0  # index of the next block a thread may start
+        self.consumed = 0  # index of the next block the stream takes
+        self.end: int | None = None  # first index past the end (or past a failure)
+        self.in_flight = 0
+        self.claimed: dict[int, int] = {}  # claimed, not yet taken: index -> bytes counted
+        self.results: dict[int, bytes | BaseException] = {}
+        self.on_result: Callable[[int, bytes | BaseException], None] | None = None
+
+    def start(
+        self,
+        fetch: Callable[[int, int, threading.Event], bytes],
+        plan: Callable[[int], tuple[int, int] | None],
+        max_in_flight: int,
+        on_result: Callable[[int, bytes | BaseException], None] | None = None,
+    ) -> None:
+        """Begin fetching.
+
+        ``plan(i)`` is ``(offset, length)`` of block ``i`` or ``None`` past the end;
+        ``fetch(offset, length, halt)`` fetches it (with retries).
+        """
+        with self.pool.cond:
+            self.fetch, self.plan, self.on_result = fetch, plan, on_result
+            self.max_in_flight = max(1, max_in_flight)
+            self.pool.changed()
+
+    def widen(self, max_in_flight: int) -> None:
+        """Let up to ``max_in_flight`` requests of this stream run at once (once ranges are known)."""
+        with self.pool.cond:
+            self.max_in_flight = max(1, max_in_flight)
+            self.pool.changed()
+
+    def _past_end(self, idx: int) -> bool:
+        if self.end is not None and idx >= self.end:
+            return True
+        return self.plan is not None and self.plan(idx) is None
+
+    def take(self) -> bytes | BaseException:
+        """The next block in order; ``b""`` past the end (or once stopped)."""
+        pool = self.pool
+        with pool.cond:
+            idx = self.consumed
+            while idx not in self.results:
+                if self.halt.is_set() or self.plan is None or self._past_end(idx):
+                    return b""
+                if self.next_claim == idx and not pool.can_claim(self, idx):
+                    # Other streams hold the budget (this one is read out of order): fetch it here.
+                    claim = pool.claim_one(self, idx, forced=True)
+                    if claim is None:
+                        return b""
+                    pool.cond.release()
+                    try:
+                        pool.fetch_claimed(self, *claim)
+                    finally:
+                        pool.cond.acquire()
+                    continue
+                pool.cond.wait()
+            self.consumed += 1
+            if idx in self.claimed:
+                pool.held -= self.claimed.pop(idx)
+                pool.blocks -= 1
+            result = self.results.pop(idx)
+            if self._past_end(self.consumed) and not self.claimed:
+                pool.remove(self)
+            pool.changed()
+            return result
+
+    def stop(self) -> None:
+        """Stop claiming and drop fetched blocks; requests in flight finish and are discarded."""
+        with self.pool.cond:
+            if self.halt.is_set():
+                return
+            self.halt.set()
+            self.pool.held -= sum(self.claimed.values())
+            self.pool.blocks -= len(self.claimed)
+            self.claimed.clear()
+            self.results.clear()
+            self.pool.remove(self)
+            self.pool.changed()
+
+
+class Readahead:
+    """Blocks of a reader's streams, fetched in reading order within one memory budget.
+
+    Args:
+        max_bytes: Bytes of blocks in flight or fetched and not yet read, over all streams.
+        max_requests: Requests in flight at once (background threads).
+        max_blocks: Blocks in flight or fetched and not yet read, or ``None`` for no limit
+            beyond ``max_bytes``.
+
+    Attributes:
+        requests: Blocks fetched so far (each one request, plus any retries).
+        peak_bytes: The most bytes ever held by the budget.
+        peak_in_flight: The most requests ever in flight at once.
+    """
+
+    def __init__(
+        self, max_bytes: int | None, max_requests: int, max_blocks: int | None = None
+    ) -> None:
+        self.max_bytes = max_bytes
+        self.max_requests = max_requests
+        self.max_blocks = max_blocks
+        self.cond = threading.Condition()
+        self.queues: list[BlockQueue] = []
+        self.held = 0  # bytes claimed and not yet taken (or stopped)
+        self.blocks = 0  # blocks claimed and not yet taken
+        self.in_flight = 0
+        self.threads = 0
+        self.requests = 0
+        self.peak_bytes = 0
+        self.peak_in_flight = 0
+        self.first_claims: list[int] = []  # order in which queues got their first claim (ids)
+
+    @classmethod
+    def for_options(cls, readahead: int | None) -> Readahead:
+        """The pool for ``open_files_by_fsspec``'s ``readahead`` (``None``: automatic)."""
+        if readahead is None:
+            return cls(AUTO_MAX_BYTES, AUTO_REQUESTS)
+        return cls(None, readahead, max_blocks=readahead)
+
+    def queue(self) -> BlockQueue:
+        """A queue for the next stream in reading order."""
+        q = BlockQueue(self)
+        with self.cond:
+            self.queues.append(q)
+        return q
+
+    def replace(self, old: BlockQueue) -> BlockQueue:
+        """A fresh queue in ``old``'s place (after a seek); ``old`` is stopped."""
+        q = BlockQueue(self)
+        with self.cond:
+            try:
+                at = self.queues.index(old)
+            except ValueError:
+                at = 0
+            self.queues.insert(at, q)
+        old.stop()
+        return q
+
+    # -- under self.cond --
+
+    def remove(self, q: BlockQueue) -> None:
+        """Forget ``q`` (its blocks no longer count)."""
+        if q in self.queues:
+            self.queues.remove(q)
+
+    def changed(self) -> None:
+        """Wake the fetch threads after the queues or the budget changed."""
+        self.cond.notify_all()
+        wanted = min(
+            self.max_requests,
+            sum(q.max_in_flight for q in self.queues if q.plan is not None),
+        )
+        while self.threads < wanted:
+            self.threads += 1
+            threading.Thread(target=self._run, name="shardpipes-readahead", daemon=True).start()
+
+    def _length(self, q: BlockQueue, idx: int) -> int | None:
+        assert q.plan is not None
+        got = q.plan(idx)
+        return None if got is None else got[1]
+
+    def can_claim(self, q: BlockQueue, idx: int) -> bool:
+        """Whether the budget has room for block ``idx`` of ``q`` (always, when empty)."""
+        if self.blocks == 0:
+            return True
+        if self.max_blocks is not None and self.blocks >= self.max_blocks:
+            return False
+        length = self._length(q, idx) or 0
+        return self.max_bytes is None or self.held + length <= self.max_bytes
+
+    def claim_one(
+        self, q: BlockQueue, idx: int, forced: bool = False
+    ) -> tuple[int, int, int] | None:
+        """Claim block ``idx`` of ``q`` for fetching: ``(index, offset, length)``, or ``None``."""
+        assert q.plan is not None
+        got = q.plan(idx)
+        if got is None:
+            return None
+        offset, length = got
+        q.next_claim = idx + 1
+        q.in_flight += 1
+        q.claimed[idx] = length
+        if idx == 0:
+            self.first_claims.append(id(q))
+        self.held += length
+        self.blocks += 1
+        self.in_flight += 1
+        self.requests += 1
+        self.peak_bytes = max(self.peak_bytes, self.held)
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        return idx, offset, length
+
+    def _claim(self) -> tuple[BlockQueue, int, int, int] | None:
+        for q in self.queues:
+            if q.plan is None:
+                return None  # its look-up is not done: later streams wait (order is kept)
+            if q.halt.is_set() or q.in_flight >= q.max_in_flight:
+                continue
+            idx = q.next_claim
+            if q._past_end(idx):
+                continue
+            if not self.can_claim(q, idx):
+                return None  # budget full: the earliest unclaimed block goes first
+            claim = self.claim_one(q, idx)
+            if claim is not None:
+                return (q, *claim)
+        return None
+
+    # -- the threads --
+
+    def fetch_claimed(self, q: BlockQueue, idx: int, offset: int, length: int) -> None:
+        """Fetch a claimed block (without the lock) and hand it over."""
+        assert q.fetch is not None
+        result: bytes | BaseException
+        try:
+            result = q.fetch(offset, length, q.halt)
+        except BaseException as exc:  # handed to the stream, raised at its position
+            result = exc
+        with self.cond:
+            self.in_flight -= 1
+            q.in_flight -= 1
+            if q.on_result is not None and not q.halt.is_set():
+                q.on_result(idx, result)
+            if not q.halt.is_set():
+                q.results[idx] = result
+                if isinstance(result, BaseException) or not result:
+                    q.end = idx + 1 if q.end is None else min(q.end, idx + 1)
+            self.changed()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self.cond:
+                    while (job := self._claim()) is None:
+                        if not self.queues:
+                            return  # no stream left: the thread ends
+                        self.cond.wait()
+                self.fetch_claimed(*job)
+        finally:
+            with self.cond:
+                self.threads -= 1
+
+
+def iter_opened(
+    urls: Iterator[Any],
+    open_one: Callable[[Any, BlockQueue | None], Any],
+    remote: Callable[[Any], bool],
+    pool: Readahead,
+) -> Iterator[tuple[Any, Future[Any] | None, BlockQueue | None]]:
+    """Yield ``(url, future of its stream or None, queue)`` in order, opening remote URLs ahead.
+
+    ``open_one(url, queue)`` opens one URL. Remote URLs are opened in a background thread as
+    soon as they are pulled; up to ``_MAX_SHARDS_AHEAD`` are pulled ahead while the bytes of
+    the shards opened ahead stay below the pool's budget. A URL that is not remote (a local
+    file, a cache entry, a sample range) stops the pulling until it is yielded, so stages
+    before this one see the order they would without read-ahead; it is opened by the caller.
+    """
+    ahead: deque[tuple[Any, Future[Any] | None, BlockQueue | None]] = deque()
+    executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="shardpipes-open")
+    budget = pool.max_bytes if pool.max_bytes is not None else AUTO_MAX_BYTES
+    exhausted = False
+    try:
+        while True:
+            while not exhausted and not any(f is None for _, f, _ in ahead):
+                if len(ahead) >= 2 and (
+                    len(ahead) >= _MAX_SHARDS_AHEAD or _bytes_ahead(ahead) >= budget
+                ):
+                    break
+                try:
+                    url = next(urls)
+                except StopIteration:
+                    exhausted = True
+                    break
+                if remote(url):
+                    q = pool.queue()
+                    ahead.append((url, executor.submit(_open_guarded, open_one, url, q), q))
+                else:
+                    ahead.append((url, None, None))
+            if not ahead:
+                return
+            yield ahead.popleft()
+    finally:
+        for _, fut, pending in ahead:
+            if pending is not None:
+                pending.stop()
+            if fut is not None:
+                fut.add_done_callback(_close_result)
+        executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _open_guarded(
+    open_one: Callable[[Any, BlockQueue | None], Any], url: Any, q: BlockQueue
+) -> Any:
+    try:
+        return open_one(url, q)
+    except BaseException:
+        q.stop()  # its place in the order is given up: later streams go on
+        raise
+
+
+def _bytes_ahead(ahead: deque[tuple[Any, Future[Any] | None, BlockQueue | None]]) -> int:
+    total = 0
+    for _, fut, _ in ahead:
+        if fut is None or not fut.done() or fut.exception() is not None:
+            total += AUTO_MAX_BLOCK  # not known yet: count one block
+            continue
+        size = getattr(fut.result(), "size", None)
+        total += size if size is not None else AUTO_MAX_BLOCK
+    return total
+
+
+def _close_result(fut: Future[Any]) -> None:
+    if fut.cancelled() or fut.exception() is not None:
+        return
+    close = getattr(fut.result(), "close", None)
+    if close is not None:
+        close()
