@@ -152,6 +152,19 @@ class ShardIndex:
         return [s.num_samples for s in self.shards]
 
     @property
+    def count_array(self) -> np.ndarray:
+        """Samples per shard as an int64 array (what the epoch plan reads)."""
+        return np.fromiter((s.num_samples for s in self.shards), np.int64, len(self.shards))
+
+    def positions(self, urls: Iterable[str]) -> np.ndarray:
+        """The positions of the shards ``urls`` (as :meth:`lookup`), one dictionary for all.
+
+        Raises:
+            KeyError: A URL not in the index, naming it and the index.
+        """
+        return np.asarray(self._positions(urls), dtype=np.int64)
+
+    @property
     def urls(self) -> list[str]:
         """Absolute shard URLs."""
         return [s.url for s in self.shards]
