@@ -112,9 +112,8 @@ def write_descriptor(folder: str, shards: int, fmt: str, tpl: dict) -> str:
 
 def template_sidecar(work: str, tpl: dict) -> str:
     """The v2 sidecar of the template shard, written by the library."""
-    from shardpipes.index.sidecar import sidecar_path
-
     from shardpipes.index import build_index
+    from shardpipes.index.sidecar import sidecar_path
 
     out = os.path.join(work, "template", "t.index.json")
     build_index([tpl["path"]], progress=False).save(out)
