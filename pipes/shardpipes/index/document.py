@@ -165,24 +165,31 @@ class ShardIndex:
         Raises:
             KeyError: A URL not in the index, naming it and the index.
         """
+        urls = list(urls)
         if self._table is not None:
-            find = self._table.position
+            found = self._table.positions(urls)
         else:
             if self._where is None or len(self._where) != len(self):
                 self._where = {s.url: i for i, s in enumerate(self.shards)}
-            where = self._where
+            found = [self._where.get(u) for u in urls]
+        if None not in found:
+            return np.asarray(found, dtype=np.int64)
+        out = np.empty(len(urls), dtype=np.int64)
+        for k, i in enumerate(found):
+            if i is None:  # a relative path, a file:// URL: the absolute form is what is stored
+                i = self._find(urls[k])
+            out[k] = i
+        return out
 
-            def find(url: str) -> int | None:
-                i = where.get(url)
-                return where.get(absolute(url)) if i is None else i
-
-        out = []
-        for url in urls:
-            i = find(url)
-            if i is None:
-                raise KeyError(f"{url}: not in the index {self.source or '(built in memory)'}")
-            out.append(i)
-        return np.asarray(out, dtype=np.int64)
+    def _find(self, url: str) -> int:
+        full = absolute(url)
+        if self._table is not None:
+            i = self._table.positions([full])[0]
+        else:
+            i = (self._where or {}).get(full)
+        if i is None:
+            raise KeyError(f"{url}: not in the index {self.source or '(built in memory)'}")
+        return i
 
     def select(self, urls: Iterable[str]) -> ShardIndex:
         """Return the index of ``urls`` only, in that order.
@@ -194,8 +201,9 @@ class ShardIndex:
         return ShardIndex([shards[int(i)] for i in self.positions(urls)], source=self.source)
 
     def to_dict(self, base: str | None = None) -> dict[str, Any]:
-        """Return the version-1 JSON document (every sample inline); URLs below the folder of
-        the index file ``base`` are made relative.
+        """Return the version-1 JSON document (every sample inline).
+
+        URLs below the folder of the index file ``base`` are made relative.
         """
         base_dir = parent(absolute(base)) + "/" if base else None
         shards = []

@@ -37,7 +37,6 @@ class Table:
         counts: np.ndarray,
         sizes: np.ndarray,
         etags: list[str | None] | None,
-        where: dict[str, int],
         samples: str,
         *,
         storage_options: Mapping[str, Any] | None = None,
@@ -46,11 +45,19 @@ class Table:
         self.source = source
         self.base_dir = parent(absolute(source))
         self.prefix = self.base_dir.rstrip("/") + "/"
-        self.rel = rel
+        # The URLs as stored, end to end in one string (a million str objects would be
+        # ~70 MB); a shard is found by the hash of its absolute URL (sorted, with positions).
+        self.text = "".join(rel)
+        self.starts = np.zeros(len(rel) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, rel), np.int64, len(rel)), out=self.starts[1:])
+        hashes = np.fromiter((hash(self._absolute(u)) for u in rel), np.int64, len(rel))
+        #: Stored relative to the descriptor's folder in the plain form (prefix + rel).
+        self.simple = np.fromiter((self._plain(u) for u in rel), bool, len(rel))
+        self.by_hash = np.argsort(hashes, kind="stable")
+        self.hashes = hashes[self.by_hash]
         self.counts = counts
         self.sizes = sizes
         self.etags = etags
-        self.where = where
         self.samples = samples
         self.storage_options = dict(storage_options or {})
         self.cache_bytes = cache_bytes
@@ -59,23 +66,70 @@ class Table:
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return len(self.rel)
+        return len(self.starts) - 1
+
+    @staticmethod
+    def _plain(rel: str) -> bool:
+        return not ("://" in rel or rel.startswith("/") or "./" in rel or "\\" in rel)
+
+    def _absolute(self, rel: str) -> str:
+        if self._plain(rel):
+            return self.prefix + rel  # the common case, without os.path calls
+        return resolve(rel, self.base_dir)
+
+    def rel(self, i: int) -> str:
+        """Shard ``i``'s URL as the descriptor stores it."""
+        return self.text[self.starts[i] : self.starts[i + 1]]
 
     def url(self, i: int) -> str:
         """The absolute URL of shard ``i``."""
-        return resolve(self.rel[i], self.base_dir)
+        return self._absolute(self.rel(i))
+
+    def positions(self, urls: Sequence[str]) -> list[int | None]:
+        """The position of each of ``urls`` (absolute), ``None`` for those not in the index.
+
+        Vectorized: hashes, a bisection, then a byte-for-byte check of the candidates (one
+        numpy comparison for all); only URLs stored in another form are checked one by one.
+        """
+        n = len(urls)
+        if not n or not len(self):
+            return [None] * n
+        h = np.fromiter(map(hash, urls), np.int64, n)
+        at = np.minimum(np.searchsorted(self.hashes, h), len(self.hashes) - 1)
+        ok = self.hashes[at] == h
+        cand = self.by_hash[at]
+        # Equal hash: check the URL is prefix + the stored string, in place (no copies).
+        p, prefix, text = len(self.prefix), self.prefix, self.text
+        start, stop = self.starts[cand], self.starts[cand + 1]
+        fast = ok & self.simple[cand]
+        fast &= np.fromiter(map(len, urls), np.int64, n) - p == stop - start
+        same = [
+            f and u.startswith(prefix) and text.startswith(u[p:], s)
+            for u, s, f in zip(urls, start.tolist(), fast.tolist(), strict=True)
+        ]
+        fast &= np.asarray(same, dtype=bool)
+        out: list[int | None] = cand.tolist()
+        for k in np.flatnonzero(~fast).tolist():
+            out[k] = self._slow(urls[k]) if ok[k] else None
+        return out
+
+    def _slow(self, u: str) -> int | None:
+        h = hash(u)
+        k = int(np.searchsorted(self.hashes, h))
+        while k < len(self.hashes) and self.hashes[k] == h:
+            i = int(self.by_hash[k])
+            if self.url(i) == u:
+                return i
+            k += 1
+        return None
 
     def position(self, url: str) -> int | None:
         """The position of shard ``url``, or ``None``."""
-        if url.startswith(self.prefix):
-            i = self.where.get(url[len(self.prefix) :])
-            if i is not None:
-                return i
-        i = self.where.get(url)
+        i = self.positions([url])[0]
         if i is None:
             full = absolute(url)
             if full != url:
-                return self.position(full)
+                return self.positions([full])[0]
         return i
 
     def info(self, i: int) -> ShardInfo:
@@ -128,11 +182,19 @@ class Table:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_cache"], state["_held"], state["_lock"] = OrderedDict(), 0, None
+        # The hash order is per process (str hashes are salted): rebuilt on arrival.
+        state["hashes"] = state["by_hash"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self._hash()
+
+    def _hash(self) -> None:
+        hashes = np.fromiter((hash(self.url(i)) for i in range(len(self))), np.int64, len(self))
+        self.by_hash = np.argsort(hashes, kind="stable")
+        self.hashes = hashes[self.by_hash]
 
 
 class ShardList(Sequence[ShardInfo]):
@@ -228,15 +290,11 @@ def read_table(
     sizes: list[np.ndarray] = []
     etags: list[str | None] = []
     any_etag = False
-    where: dict[str, int] = {}
 
     def add(docs: list[Any]) -> None:
         nonlocal any_etag
         first = len(rel)
         r, c, s = _columns(docs, first, url)
-        for k, u in enumerate(r, first):
-            if where.setdefault(u, k) != k:
-                raise fail(url, f"shards[{k}].url", f"{u!r} repeats shards[{where[u]}]")
         rel.extend(r)
         counts.append(np.asarray(c, dtype=np.int64))
         sizes.append(np.asarray(s, dtype=np.int64))
@@ -266,17 +324,34 @@ def read_table(
     for name, want in (("num_shards", len(rel)), ("num_samples", int(count_arr.sum()))):
         if name in header and header[name] != want:
             raise fail(url, name, f"is {header[name]!r} but the shards hold {want}")
-    return Table(
+    table = Table(
         url,
         rel,
         count_arr,
         size_arr,
         etags if any_etag else None,
-        where,
         samples,
         storage_options=storage_options,
         cache_bytes=cache_bytes,
     )
+    rel.clear()  # the strings live on in the table's one string
+    _check_unique(table, url)
+    return table
+
+
+def _check_unique(table: Table, url: str) -> None:
+    """No URL twice: equal hashes are compared (and only they)."""
+    same = np.flatnonzero(table.hashes[1:] == table.hashes[:-1])
+    if not same.size:
+        return
+    repeats = []
+    for k in same.tolist():
+        a, b = sorted((int(table.by_hash[k]), int(table.by_hash[k + 1])))
+        if table.url(a) == table.url(b):
+            repeats.append((b, a))
+    if repeats:
+        b, a = min(repeats)
+        raise fail(url, f"shards[{b}].url", f"{table.rel(b)!r} repeats shards[{a}]")
 
 
 def _parse(batch: list[str], url: str, first: int) -> list[Any]:
