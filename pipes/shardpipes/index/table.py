@@ -321,9 +321,6 @@ def read_table(
             add(_parse(batch, url, len(rel)))
     count_arr = np.concatenate(counts) if counts else np.zeros(0, np.int64)
     size_arr = np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
-    for name, want in (("num_shards", len(rel)), ("num_samples", int(count_arr.sum()))):
-        if name in header and header[name] != want:
-            raise fail(url, name, f"is {header[name]!r} but the shards hold {want}")
     table = Table(
         url,
         rel,
@@ -336,6 +333,9 @@ def read_table(
     )
     rel.clear()  # the strings live on in the table's one string
     _check_unique(table, url)
+    for name, want in (("num_shards", len(table)), ("num_samples", int(count_arr.sum()))):
+        if name in header and header[name] != want:
+            raise fail(url, name, f"is {header[name]!r} but the shards hold {want}")
     return table
 
 
