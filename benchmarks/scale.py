@@ -13,14 +13,17 @@ shard (with its sidecar copied, for v2). Then, each in a fresh process:
 - **descriptor**: its size on disk;
 - **load**: ``ShardIndex.load`` time, the process's RSS after it and the growth it caused
   (``index RSS``);
-- **plan**, per topology (64x8, 512x8, 4096x8 readers): one epoch's shard order
+- **plan** (CPU seconds of the process: the machine may be shared), per topology (64x8, 512x8, 4096x8 readers): one epoch's shard order
   (``shard_order``) plus the ranges of one reader (the middle one) as ``sharding_by_index``
   makes them from the URLs in that order; and ``partition_samples`` for all readers (what
   ``shardpipes splits`` computes);
 - **offsets memory**: the per-sample spans that reader holds after its plan (v1: every
   shard's, as Python lists; v2: its own shards' arrays);
 - **first batch**: from the start of a fresh process (index load included) to the first
-  batch of 32 samples of that reader, reading its local fake shards.
+  batch of 32 samples of that reader, reading its local fake shards (wall and CPU seconds).
+
+The URLs reach ``sharding_by_index`` through ``IterableWrapper(urls, deepcopy=False)``: the
+default deep copy of a million URLs per epoch is the wrapper's cost, not the plan's.
 
 A measurement that would take longer than ``--budget`` seconds (60) is stopped (or, when its
 estimate from the smaller sizes is over the budget or over 4 GB of memory, not started) and
@@ -165,9 +168,14 @@ def task(args: dict) -> dict:
     from shardpipes.plan.partition import partition_samples, shard_order
 
     rss_imports = _rss()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     index = ShardIndex.load(args["descriptor"])
-    out: dict = {"load_s": time.perf_counter() - t0, "rss_imports": rss_imports, "rss0": rss0}
+    out: dict = {
+        "load_s": time.perf_counter() - t0,
+        "load_cpu_s": time.process_time() - c0,
+        "rss_imports": rss_imports,
+        "rss0": rss0,
+    }
     out["rss_after_load"] = _rss()
     out["index_rss"] = out["rss_after_load"] - rss_imports
     kind = args["kind"]
@@ -178,33 +186,38 @@ def task(args: dict) -> dict:
     reader = args["reader"]
     counts = index.counts
     if kind == "partition":
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         p = partition_samples(counts, world_size=world, num_workers=workers, seed=0, epoch=1)
-        out["partition_s"] = time.perf_counter() - t0
+        out["partition_wall_s"] = time.perf_counter() - t0
+        out["partition_s"] = time.process_time() - c0
         out["per_reader"] = p.per_reader
         return out
     folder = os.path.dirname(args["descriptor"])
-    t0 = time.perf_counter()
+    # Plan times are CPU seconds of this process (one core; the machine may be shared).
+    t0, c0 = time.perf_counter(), time.process_time()
     order = shard_order(len(counts), seed=0, epoch=1)
-    out["order_s"] = time.perf_counter() - t0
+    out["order_s"] = time.process_time() - c0
+    out["order_wall_s"] = time.perf_counter() - t0
     urls = [os.path.join(folder, _name(i)) for i in order]
-    dp = IterableWrapper(urls).sharding_by_index(index)
+    dp = IterableWrapper(urls, deepcopy=False).sharding_by_index(index)
     apply_sharding(dp, readers, reader)
     if kind == "plan":
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         ranges = list(dp)
-        out["ranges_s"] = time.perf_counter() - t0
+        out["ranges_s"] = time.process_time() - c0
+        out["ranges_wall_s"] = time.perf_counter() - t0
         out["plan_s"] = out["order_s"] + out["ranges_s"]
         out["ranges"] = len(ranges)
         out["offsets_bytes"] = _offsets_bytes(index, args["numbers"])
         if out["ranges_s"] < 20:
-            t0 = time.perf_counter()
+            c0 = time.process_time()
             list(dp)  # a second epoch over the same order: caches warm
-            out["ranges_warm_s"] = time.perf_counter() - t0
+            out["ranges_warm_s"] = time.process_time() - c0
         return out
     graph = dp.open_files_by_fsspec().load_from_tar().webdataset().batch(BATCH)
     batch = next(iter(graph))
     out["first_batch_s"] = time.perf_counter() - start
+    out["first_batch_cpu_s"] = time.process_time()
     out["batch_len"] = len(batch)
     return out
 
@@ -278,7 +291,7 @@ def main() -> int:
         }
         print(
             f"{shards} shards: descriptor {row['descriptor_bytes'] / 1e6:.1f} MB, load "
-            f"{load['load_s']:.2f} s, RSS {load['rss_after_load'] / 1e6:.0f} MB "
+            f"{load['load_s']:.2f} s ({load['load_cpu_s']:.2f} s CPU), RSS {load['rss_after_load'] / 1e6:.0f} MB "
             f"(index {load['index_rss'] / 1e6:.0f} MB)",
             flush=True,
         )
@@ -301,11 +314,12 @@ def main() -> int:
             row["topologies"][f"{world}x{workers}"] = cell
             plan, part, first = cell["plan"], cell["partition"], cell["first_batch"]
             print(
-                f"  {world}x{workers}: plan {_fmt(plan, 'plan_s')} (order "
-                f"{_fmt(plan, 'order_s')}, warm ranges {_fmt(plan, 'ranges_warm_s')}), "
-                f"partition_samples {_fmt(part, 'partition_s')}, offsets "
-                f"{plan.get('offsets_bytes', 0) / 1e6:.1f} MB, first batch "
-                f"{_fmt(first, 'first_batch_s')}",
+                f"  {world}x{workers}: plan {_fmt(plan, 'plan_s')} CPU (order "
+                f"{_fmt(plan, 'order_s')}, ranges {_fmt(plan, 'ranges_s')}, next epoch's "
+                f"ranges {_fmt(plan, 'ranges_warm_s')}), partition_samples "
+                f"{_fmt(part, 'partition_s')} CPU, offsets "
+                f"{plan.get('offsets_bytes', 0) / 1e3:.0f} KB, first batch "
+                f"{_fmt(first, 'first_batch_s')} ({_fmt(first, 'first_batch_cpu_s')} CPU)",
                 flush=True,
             )
         if not opts.work:
@@ -323,7 +337,7 @@ def main() -> int:
 def _fmt(d: dict, key: str) -> str:
     if key in d:
         return f"{d[key]:.2f} s"
-    return f"[{d.get('skipped') or d.get('error')}]"
+    return f"[{d.get('skipped') or d.get('error') or 'not measured'}]"
 
 
 def plot(runs: list[dict], path: str) -> int:
