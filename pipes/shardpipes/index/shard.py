@@ -182,12 +182,14 @@ class ShardInfo:
             raise ValueError(
                 f"{self.url}: sample range [{start}, {stop}) is empty or outside [0, {self.num_samples})"
             )
-        if self._source is None:
+        offsets: Sequence[int] | np.ndarray
+        sizes: Sequence[int] | np.ndarray
+        if self._offsets is not None and self._sizes is not None:
             offsets, sizes = self._offsets, self._sizes
         else:
             offsets, sizes = self.spans()
-        offset = int(offsets[start])  # type: ignore[index]
-        return offset, int(offsets[stop - 1]) + int(sizes[stop - 1]) - offset  # type: ignore[index]
+        offset = int(offsets[start])
+        return offset, int(offsets[stop - 1]) + int(sizes[stop - 1]) - offset
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ShardInfo):

@@ -125,12 +125,12 @@ def _shuffled_range(n: int, seed: int, size: int) -> list[int]:
     The same draws in the same order as :func:`shardpipes.plan.seeds.buffered_shuffle`: the
     steady phase (one draw per input after the buffer fills), then the drain.
     """
+    steady: list[int] = []
     if n <= size:
-        buffer, steady = list(range(n)), []
+        buffer = list(range(n))
     else:
         buffer = list(range(size))
         slots = (shuffle_draws(seed, 0, n - size) * size).astype(np.int64).tolist()
-        steady = []
         append = steady.append
         for x, idx in zip(range(size, n), slots, strict=True):
             append(buffer[idx])
