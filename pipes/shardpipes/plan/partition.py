@@ -136,8 +136,7 @@ def _shuffled_range(n: int, seed: int, size: int) -> list[int]:
             append(buffer[idx])
             buffer[idx] = x
     drain = shuffle_draws(seed, len(steady), len(buffer)).tolist()
-    for f in drain:
-        steady.append(buffer.pop(int(f * len(buffer))))
+    steady.extend(buffer.pop(int(f * len(buffer))) for f in drain)
     return steady
 
 
