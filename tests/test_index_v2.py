@@ -7,6 +7,7 @@ import os
 import pickle
 import shutil
 
+import fsspec
 import pytest
 from torch.utils.data.graph_settings import apply_sharding
 
@@ -184,3 +185,29 @@ def test_cli_progress_bar_counts_done_shards(paths, capsys):
     captured = capsys.readouterr()
     assert "(0 scanned, 5 already indexed)" in captured.out
     assert "indexing" in captured.err and "5/5" in captured.err
+
+
+def test_write_index_on_a_remote_filesystem(paths):
+    urls = []
+    for p in paths:
+        url = f"memory://v2data/{os.path.basename(p)}"
+        with open(p, "rb") as src, fsspec.open(url, "wb") as dst:
+            dst.write(src.read())
+        urls.append(url)
+    out = "memory://v2data/train.index.json"
+    report = write_index(urls, out, workers=3, progress=False)
+    assert (report.scanned, report.reused, report.samples) == (5, 0, sum(COUNTS))
+    index = ShardIndex.load(out)
+    assert index.urls == urls and index == build_index(urls, progress=False)
+    with fsspec.open(out, "rt") as f:
+        assert json.load(f)["shards"][0]["url"] == "train-000000.tar"
+    assert write_index(urls, out, progress=False).reused == 5
+
+
+def test_lookup_of_shards_stored_absolute_and_as_file_urls(built, paths, tmp_path):
+    out = str(tmp_path / "elsewhere" / "idx.json.gz")  # shards outside its folder: absolute
+    built.save(out)
+    index = ShardIndex.load(out)
+    assert index.positions(paths[::-1]).tolist() == [4, 3, 2, 1, 0]
+    assert index.lookup(f"file://{paths[2]}") == 2
+    assert index.shards[2].byte_range(0, 12) == built.shards[2].byte_range(0, 12)
