@@ -211,3 +211,13 @@ def test_lookup_of_shards_stored_absolute_and_as_file_urls(built, paths, tmp_pat
     assert index.positions(paths[::-1]).tolist() == [4, 3, 2, 1, 0]
     assert index.lookup(f"file://{paths[2]}") == 2
     assert index.shards[2].byte_range(0, 12) == built.shards[2].byte_range(0, 12)
+
+
+def test_inspect_names_the_file_version_and_reads_keys_from_sample_files(built, paths, capsys):
+    out = default_index_url(paths)
+    for version in (1, 2):
+        built.save(out, version=version)
+        assert main(["inspect", out, "-n", "1"]) == 0
+        text = capsys.readouterr().out
+        assert f"shardpipes index version {version}, 5 shards, {sum(COUNTS)} samples" in text
+        assert "first key '000000_000000'" in text

@@ -85,12 +85,14 @@ class ShardIndex:
         self._list: list[ShardInfo] | None = list(shards)
         self._table: Table | None = None
         self.source = source
+        #: The format version of the file it was loaded from (``None``: built in memory).
+        self.version: int | None = None
         self._where: dict[str, int] | None = None
 
     @classmethod
     def _of_table(cls, table: Table) -> ShardIndex:
         index = cls((), source=table.source)
-        index._list, index._table = None, table
+        index._list, index._table, index.version = None, table, 2
         return index
 
     @property
@@ -352,7 +354,9 @@ class ShardIndex:
                 doc, None, shards, url, storage_options=storage_options, cache_bytes=cache_bytes
             )
             return cls._of_table(table)
-        return cls(validate_v1(doc, url), source=url)
+        index = cls(validate_v1(doc, url), source=url)
+        index.version = 1
+        return index
 
 
 def _line_header(first: str) -> dict[str, Any] | None:
