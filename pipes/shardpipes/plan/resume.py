@@ -28,6 +28,8 @@ import bisect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from shardpipes.plan.readers import batches, per_reader, reader_count, reader_path, split_reader
 from shardpipes.plan.seeds import derive_seed, shuffle_position
 
@@ -139,11 +141,27 @@ class Runs:
 
     def at(self, ordinals: Iterable[int]) -> list[int]:
         """The positions at ``ordinals``, in that order."""
-        out = []
-        for k in ordinals:
-            i = bisect.bisect_right(self.ends, k)
-            a, b = self.runs[i]
-            out.append(a + k - (self.ends[i] - (b - a)))
+        ords = np.asarray(list(ordinals), dtype=np.int64)
+        if not ords.size:
+            return []
+        ends = np.asarray(self.ends, dtype=np.int64)
+        i = np.searchsorted(ends, ords, side="right")
+        runs = np.asarray(self.runs, dtype=np.int64).reshape(-1, 2)
+        first = ends - (runs[:, 1] - runs[:, 0])  # the ordinal of each run's start
+        return (runs[i, 0] + ords - first[i]).tolist()  # type: ignore[no-any-return]
+
+    @classmethod
+    def of_arrays(cls, starts: np.ndarray, stops: np.ndarray) -> Runs:
+        """Runs ``[starts[k], stops[k])`` in that order, merged as ``Runs(...)`` merges them."""
+        keep = stops > starts
+        starts, stops = starts[keep], stops[keep]
+        if starts.size:
+            new = np.flatnonzero(starts[1:] != stops[:-1]) + 1  # a run that does not continue
+            starts = starts[np.r_[0, new]]
+            stops = stops[np.r_[new - 1, stops.size - 1]]
+        out = cls()
+        out.runs = list(zip(starts.tolist(), stops.tolist(), strict=True))
+        out.ends = np.cumsum(stops - starts).tolist()
         return out
 
     def __add__(self, other: Runs) -> Runs:
@@ -151,7 +169,9 @@ class Runs:
 
     def sorted(self) -> Runs:
         """The same positions in increasing order."""
-        return Runs(sorted(self.runs))
+        arr = np.asarray(self.runs, dtype=np.int64).reshape(-1, 2)
+        order = np.lexsort((arr[:, 1], arr[:, 0]))
+        return Runs.of_arrays(arr[order, 0], arr[order, 1])
 
     def circular(self, lo: int, hi: int) -> Runs:
         """Ordinals ``[lo, hi)`` of this sequence repeated end to end (for padding)."""
@@ -358,8 +378,12 @@ def reader_plan(
             _unread(p, o, segment_seed(reader_seed(seg.path(i)), s), shape)
             for i, (p, o) in enumerate(zip(pieces, yielded, strict=True))
         ]
-        left = Runs(
-            [(p, p + 1) for buffer, rest in parts for p in buffer]
-            + [r for _, rest in parts for r in rest.runs]
-        ).sorted()
+        # Every reader's buffer and rest, in position order: arrays, not millions of tuples.
+        buffers = np.asarray([p for buffer, _ in parts for p in buffer], dtype=np.int64)
+        rests = np.asarray([r for _, rest in parts for r in rest.runs], dtype=np.int64)
+        rests = rests.reshape(-1, 2)
+        starts = np.concatenate([buffers, rests[:, 0]])
+        stops = np.concatenate([buffers + 1, rests[:, 1]])
+        order = np.lexsort((stops, starts))
+        left = Runs.of_arrays(starts[order], stops[order])
     raise ValueError("reader_plan needs at least one segment")
