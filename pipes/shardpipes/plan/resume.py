@@ -24,7 +24,6 @@ are split into equal contiguous pieces for the new readers, which read them with
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -98,80 +97,99 @@ class Shape:
         return min(batches * (self.batch_size or 1), limit)
 
 
+def _merged(starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Non-empty runs, each joined to the previous one where it continues it."""
+    keep = stops > starts
+    starts, stops = starts[keep], stops[keep]
+    if starts.size:
+        new = np.flatnonzero(starts[1:] != stops[:-1]) + 1  # a run that does not continue
+        starts = starts[np.r_[0, new]]
+        stops = stops[np.r_[new - 1, stops.size - 1]]
+    return starts, stops
+
+
 class Runs:
-    """A sequence of sample positions stored as runs ``[start, stop)``, in order."""
+    """A sequence of sample positions stored as runs ``[start, stop)``, in order.
+
+    Held as arrays (starts, stops, and the running count at each run's end): an elastic
+    resume gathers millions of runs, one per sample that sat in a shuffle buffer.
+    """
 
     def __init__(self, runs: Iterable[tuple[int, int]] = ()) -> None:
-        self.runs: list[tuple[int, int]] = []
-        for a, b in runs:
-            if a >= b:
-                continue
-            if self.runs and self.runs[-1][1] == a:
-                self.runs[-1] = (self.runs[-1][0], b)
-            else:
-                self.runs.append((a, b))
-        self.ends: list[int] = []
-        n = 0
-        for a, b in self.runs:
-            n += b - a
-            self.ends.append(n)
+        arr = np.asarray([(a, b) for a, b in runs], dtype=np.int64).reshape(-1, 2)
+        self._set(*_merged(arr[:, 0], arr[:, 1]))
+
+    def _set(self, starts: np.ndarray, stops: np.ndarray) -> None:
+        self.starts = starts
+        self.stops = stops
+        self.cum = np.cumsum(stops - starts)  # ordinals after each run
+
+    @classmethod
+    def of_arrays(cls, starts: np.ndarray, stops: np.ndarray) -> Runs:
+        """Runs ``[starts[k], stops[k])`` in that order, merged as ``Runs(...)`` merges them."""
+        out = cls.__new__(cls)
+        out._set(*_merged(np.asarray(starts, np.int64), np.asarray(stops, np.int64)))
+        return out
+
+    @property
+    def runs(self) -> list[tuple[int, int]]:
+        """The runs as ``(start, stop)`` pairs."""
+        return list(zip(self.starts.tolist(), self.stops.tolist(), strict=True))
+
+    @property
+    def ends(self) -> list[int]:
+        """The number of positions up to the end of each run."""
+        return self.cum.tolist()  # type: ignore[no-any-return]
 
     def __len__(self) -> int:
-        return self.ends[-1] if self.ends else 0
+        return int(self.cum[-1]) if self.cum.size else 0
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Runs) and self.runs == other.runs
+        return (
+            isinstance(other, Runs)
+            and np.array_equal(self.starts, other.starts)
+            and np.array_equal(self.stops, other.stops)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"Runs({self.runs})"
 
     def slice(self, lo: int, hi: int) -> Runs:
         """The positions at ordinals ``[lo, hi)``."""
-        out = []
-        i = bisect.bisect_right(self.ends, lo)
-        while i < len(self.runs) and lo < hi:
-            a, b = self.runs[i]
-            first = self.ends[i] - (b - a)  # ordinal of position a
-            start = a + (lo - first)
-            stop = min(b, start + (hi - lo))
-            out.append((start, stop))
-            lo += stop - start
-            i += 1
-        return Runs(out)
+        hi = min(hi, len(self))
+        if lo >= hi:
+            return Runs()
+        i = int(np.searchsorted(self.cum, lo, side="right"))
+        j = int(np.searchsorted(self.cum, hi - 1, side="right"))
+        starts = self.starts[i : j + 1].copy()
+        stops = self.stops[i : j + 1].copy()
+        # Ordinal of each end run's first position: cum minus its length.
+        starts[0] += lo - int(self.cum[i] - (self.stops[i] - self.starts[i]))
+        stops[-1] = self.starts[j] + (hi - int(self.cum[j] - (self.stops[j] - self.starts[j])))
+        out = Runs.__new__(Runs)
+        out._set(starts, stops)
+        return out
 
     def at(self, ordinals: Iterable[int]) -> list[int]:
         """The positions at ``ordinals``, in that order."""
         ords = np.asarray(list(ordinals), dtype=np.int64)
         if not ords.size:
             return []
-        ends = np.asarray(self.ends, dtype=np.int64)
-        i = np.searchsorted(ends, ords, side="right")
-        runs = np.asarray(self.runs, dtype=np.int64).reshape(-1, 2)
-        first = ends - (runs[:, 1] - runs[:, 0])  # the ordinal of each run's start
-        return (runs[i, 0] + ords - first[i]).tolist()  # type: ignore[no-any-return]
-
-    @classmethod
-    def of_arrays(cls, starts: np.ndarray, stops: np.ndarray) -> Runs:
-        """Runs ``[starts[k], stops[k])`` in that order, merged as ``Runs(...)`` merges them."""
-        keep = stops > starts
-        starts, stops = starts[keep], stops[keep]
-        if starts.size:
-            new = np.flatnonzero(starts[1:] != stops[:-1]) + 1  # a run that does not continue
-            starts = starts[np.r_[0, new]]
-            stops = stops[np.r_[new - 1, stops.size - 1]]
-        out = cls()
-        out.runs = list(zip(starts.tolist(), stops.tolist(), strict=True))
-        out.ends = np.cumsum(stops - starts).tolist()
-        return out
+        i = np.searchsorted(self.cum, ords, side="right")
+        first = self.cum - (self.stops - self.starts)  # the ordinal of each run's start
+        return (self.starts[i] + ords - first[i]).tolist()  # type: ignore[no-any-return]
 
     def __add__(self, other: Runs) -> Runs:
-        return Runs([*self.runs, *other.runs])
+        return Runs.of_arrays(
+            np.concatenate([self.starts, other.starts]), np.concatenate([self.stops, other.stops])
+        )
 
     def sorted(self) -> Runs:
         """The same positions in increasing order."""
-        arr = np.asarray(self.runs, dtype=np.int64).reshape(-1, 2)
-        order = np.lexsort((arr[:, 1], arr[:, 0]))
-        return Runs.of_arrays(arr[order, 0], arr[order, 1])
+        order = np.lexsort((self.stops, self.starts))
+        return Runs.of_arrays(self.starts[order], self.stops[order])
 
     def circular(self, lo: int, hi: int) -> Runs:
         """Ordinals ``[lo, hi)`` of this sequence repeated end to end (for padding)."""
@@ -380,10 +398,8 @@ def reader_plan(
         ]
         # Every reader's buffer and rest, in position order: arrays, not millions of tuples.
         buffers = np.asarray([p for buffer, _ in parts for p in buffer], dtype=np.int64)
-        rests = np.asarray([r for _, rest in parts for r in rest.runs], dtype=np.int64)
-        rests = rests.reshape(-1, 2)
-        starts = np.concatenate([buffers, rests[:, 0]])
-        stops = np.concatenate([buffers + 1, rests[:, 1]])
+        starts = np.concatenate([buffers, *(rest.starts for _, rest in parts)])
+        stops = np.concatenate([buffers + 1, *(rest.stops for _, rest in parts)])
         order = np.lexsort((stops, starts))
         left = Runs.of_arrays(starts[order], stops[order])
     raise ValueError("reader_plan needs at least one segment")
