@@ -174,12 +174,15 @@ class Runs:
 
     def at(self, ordinals: Iterable[int]) -> list[int]:
         """The positions at ``ordinals``, in that order."""
-        ords = np.asarray(list(ordinals), dtype=np.int64)
-        if not ords.size:
-            return []
-        i = np.searchsorted(self.cum, ords, side="right")
+        return self.at_array(np.asarray(list(ordinals), dtype=np.int64)).tolist()  # type: ignore[no-any-return]
+
+    def at_array(self, ordinals: np.ndarray) -> np.ndarray:
+        """The positions at ``ordinals`` (an int64 array), as an array."""
+        if not ordinals.size:
+            return np.zeros(0, np.int64)
+        i = np.searchsorted(self.cum, ordinals, side="right")
         first = self.cum - (self.stops - self.starts)  # the ordinal of each run's start
-        return (self.starts[i] + ords - first[i]).tolist()  # type: ignore[no-any-return]
+        return self.starts[i] + ordinals - first[i]  # type: ignore[no-any-return]
 
     def __add__(self, other: Runs) -> Runs:
         return Runs.of_arrays(
@@ -348,12 +351,12 @@ def _yielded(pieces: list[Runs], seg: Segment, shape: Shape) -> list[int]:
     return out
 
 
-def _unread(piece: Runs, outputs: int, seed: int, shape: Shape) -> tuple[list[int], Runs]:
+def _unread(piece: Runs, outputs: int, seed: int, shape: Shape) -> tuple[np.ndarray, Runs]:
     """A reader's positions not yielded after ``outputs``: (its shuffle buffer, the rest)."""
     if shape.buffer_size is None:
-        return [], piece.slice(outputs, len(piece))
+        return np.zeros(0, np.int64), piece.slice(outputs, len(piece))
     buffer, consumed = shuffle_position(seed, shape.buffer_size, len(piece), outputs)
-    return piece.at(buffer), piece.slice(consumed, len(piece))
+    return piece.at_array(np.asarray(buffer, np.int64)), piece.slice(consumed, len(piece))
 
 
 def reader_plan(
@@ -391,13 +394,13 @@ def reader_plan(
             role = rank * workers + (worker + turn) % workers
             seed = segment_seed(reader_seed(seg.path(role)), s)
             buffer, rest = _unread(pieces[role], yielded[role], seed, shape)
-            return ReaderPlan(buffer, rest, seed, yielded[role], dropped, padded)
+            return ReaderPlan(buffer.tolist(), rest, seed, yielded[role], dropped, padded)
         parts = [
             _unread(p, o, segment_seed(reader_seed(seg.path(i)), s), shape)
             for i, (p, o) in enumerate(zip(pieces, yielded, strict=True))
         ]
         # Every reader's buffer and rest, in position order: arrays, not millions of tuples.
-        buffers = np.asarray([p for buffer, _ in parts for p in buffer], dtype=np.int64)
+        buffers = np.concatenate([buffer for buffer, _ in parts])
         starts = np.concatenate([buffers, *(rest.starts for _, rest in parts)])
         stops = np.concatenate([buffers + 1, *(rest.stops for _, rest in parts)])
         order = np.lexsort((stops, starts))
