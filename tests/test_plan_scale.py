@@ -78,3 +78,23 @@ def test_layout_skips_empty_shards_and_wraps():
 def test_reader_ranges_rejects_bad_arguments(args, match):
     with pytest.raises((ValueError, TypeError), match=match):
         reader_ranges(*args)
+
+
+def test_elastic_resume_at_a_billion_samples_plans_one_reader():
+    # From 4096x8 readers to 2048x8 with a shuffle buffer of 1000: the unread samples of the
+    # 32768 old readers are about 33M positions; a new reader's piece needs only the few old
+    # readers it covers (this took 12 s and 3 GB when every old reader was planned).
+    from shardpipes.plan.resume import Segment, Shape, reader_plan
+
+    shape = Shape(batch_size=32, drop_last=False, buffer_size=1000, shuffle_stage=1)
+    segs = [Segment(4096, 8, True, 200), Segment(2048, 8, True, 0)]
+    plans = [
+        reader_plan(10**9, "drop", segs, r, shape, lambda path: derive_seed([1, *path]))
+        for r in (0, 1, 16383)
+    ]
+    unread = 10**9 // 32768 * 32768 - 4096 * 200 * 32  # minus 200 batches of 32 per old rank
+    per = plans[0].samples
+    assert {p.samples for p in plans} == {per} and per * 16384 <= unread < (per + 1) * 16384
+    assert all(len(p.buffer) == 0 and p.first_draw == 0 for p in plans)  # a fresh segment
+    first = plans[0].rest.runs
+    assert first[0][0] < plans[1].rest.runs[0][0] < plans[2].rest.runs[0][0]

@@ -196,14 +196,18 @@ class Runs:
 
     def circular(self, lo: int, hi: int) -> Runs:
         """Ordinals ``[lo, hi)`` of this sequence repeated end to end (for padding)."""
-        n = len(self)
-        out = Runs()
-        while lo < hi and n:
-            start = lo % n
-            stop = min(n, start + hi - lo)
-            out = out + self.slice(start, stop)
-            lo += stop - start
-        return out
+        return _circular(self, lo, hi)
+
+
+def _circular(seq: Runs | _Left, lo: int, hi: int) -> Runs:
+    n = len(seq)
+    out = Runs()
+    while lo < hi and n:
+        start = lo % n
+        stop = min(n, start + hi - lo)
+        out = out + seq.slice(start, stop)
+        lo += stop - start
+    return out
 
 
 @dataclass(frozen=True)
@@ -299,17 +303,93 @@ def segment_seed(reader_seed: int, segment: int) -> int:
     return reader_seed if segment == 0 else derive_seed([reader_seed, segment])
 
 
-def _first_split(total: int, readers: int, policy: str) -> list[Runs]:
-    if total == 0:
-        return [Runs() for _ in range(readers)]
-    per = per_reader(total, readers, policy)
+class _Pieces:
+    """The pieces of one segment's readers: their lengths known, each piece made when asked.
+
+    ``ordered``: the pieces are disjoint and in position order (piece ``k`` ends before piece
+    ``k + 1`` starts), so the segment's unread positions in order are its readers' in turn.
+    """
+
+    def __init__(self, lengths: list[int], make: Callable[[int], Runs], ordered: bool) -> None:
+        self.lengths = lengths
+        self.ordered = ordered
+        self._make = make
+        self._made: dict[int, Runs] = {}
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> Runs:
+        piece = self._made.get(i)
+        if piece is None:
+            piece = self._made[i] = self._make(i)
+        return piece
+
+
+class _Left:
+    """The positions a segment's readers did not yield, in position order, made on demand.
+
+    With ordered pieces, reader ``r``'s unread positions come before reader ``r + 1``'s: a
+    stretch of ordinals needs the shuffle positions of the few readers it covers only, so a
+    new reader's piece costs O(readers) and not O(readers x shuffle buffer).
+    """
+
+    def __init__(
+        self, pieces: _Pieces, yielded: list[int], seed: Callable[[int], int], shape: Shape
+    ) -> None:
+        self.pieces = pieces
+        self.yielded = yielded
+        self.seed = seed
+        self.shape = shape
+        self.counts = np.asarray(pieces.lengths, np.int64) - np.asarray(yielded, np.int64)
+        self.cum = np.cumsum(self.counts)
+        self._unread: dict[int, Runs] = {}
+
+    def __len__(self) -> int:
+        return int(self.cum[-1]) if self.cum.size else 0
+
+    def unread(self, r: int) -> Runs:
+        """Reader ``r``'s unread positions, sorted."""
+        runs = self._unread.get(r)
+        if runs is None:
+            buffer, rest = _unread(self.pieces[r], self.yielded[r], self.seed(r), self.shape)
+            starts = np.concatenate([buffer, rest.starts])
+            stops = np.concatenate([buffer + 1, rest.stops])
+            order = np.lexsort((stops, starts))
+            runs = self._unread[r] = Runs.of_arrays(starts[order], stops[order])
+        return runs
+
+    def slice(self, lo: int, hi: int) -> Runs:
+        """The positions at ordinals ``[lo, hi)``."""
+        hi = min(hi, len(self))
+        out = Runs()
+        if lo >= hi:
+            return out
+        first = int(np.searchsorted(self.cum, lo, side="right"))
+        last = int(np.searchsorted(self.cum, hi - 1, side="right"))
+        for r in range(first, last + 1):
+            base = int(self.cum[r] - self.counts[r])
+            out = out + self.unread(r).slice(max(lo, base) - base, min(hi, int(self.cum[r])) - base)
+        return out
+
+    def circular(self, lo: int, hi: int) -> Runs:
+        """Ordinals ``[lo, hi)`` of this sequence repeated end to end (for padding)."""
+        return _circular(self, lo, hi)
+
+
+def _first_split(total: int, readers: int, policy: str) -> _Pieces:
+    per = per_reader(total, readers, policy) if total else 0
     whole = Runs([(0, total)])
-    return [whole.circular(i * per, (i + 1) * per) for i in range(readers)]
+    return _Pieces(
+        [per] * readers,
+        lambda i: whole.circular(i * per, (i + 1) * per),
+        ordered=per * readers <= total,
+    )
 
 
 def _split_again(
-    left: Runs, seg: Segment, shape: Shape, policy: str
-) -> tuple[list[Runs], int, int]:
+    left: Runs | _Left, seg: Segment, shape: Shape, policy: str
+) -> tuple[_Pieces, int, int]:
     """Split ``left`` into contiguous pieces for ``seg``'s readers; return (pieces, dropped, padded).
 
     As equal as possible, the extra samples spread over the ranks first; when that would give
@@ -332,22 +412,24 @@ def _split_again(
             sizes, dropped = [base] * n, extra
         else:
             sizes, padded = [base + 1] * n, n - extra
-    pieces, at = [], 0
-    for size in sizes:
-        pieces.append(left.circular(at, at + size))
-        at += size
+    starts = np.cumsum([0, *sizes]).tolist()
+    pieces = _Pieces(
+        sizes,
+        lambda k: left.circular(starts[k], starts[k] + sizes[k]),
+        ordered=starts[-1] <= len(left),
+    )
     return pieces, dropped, padded
 
 
-def _yielded(pieces: list[Runs], seg: Segment, shape: Shape) -> list[int]:
+def _yielded(lengths: list[int], seg: Segment, shape: Shape) -> list[int]:
     """Samples each reader of ``seg`` had yielded (through its shuffle) when ranks stopped."""
     workers = max(seg.num_workers, 1)
     out = []
     for rank in range(seg.world_size):
-        mine = pieces[rank * workers : (rank + 1) * workers]
-        counts = [shape.batches(len(p)) for p in mine]
-        for p, b in zip(mine, worker_batches(seg.consumed, counts), strict=True):
-            out.append(shape.samples(b, len(p)))
+        mine = lengths[rank * workers : (rank + 1) * workers]
+        counts = [shape.batches(n) for n in mine]
+        for n, b in zip(mine, worker_batches(seg.consumed, counts), strict=True):
+            out.append(shape.samples(b, n))
     return out
 
 
@@ -380,26 +462,30 @@ def reader_plan(
         ValueError: A segment's count is more than its readers had (another graph or data).
     """
     pieces = _first_split(total, segments[0].readers, policy)
-    left = Runs()
+    left: Runs | _Left = Runs()
     dropped = padded = 0
     for s, seg in enumerate(segments):
         if s:
             pieces, dropped, padded = _split_again(left, seg, shape, policy)
-        yielded = _yielded(pieces, seg, shape)
+        yielded = _yielded(pieces.lengths, seg, shape)
         if s == len(segments) - 1:
             workers = max(seg.num_workers, 1)
             rank, worker = divmod(reader, workers)
-            mine = pieces[rank * workers : (rank + 1) * workers]
-            turn = next_worker(seg.consumed, [shape.batches(len(p)) for p in mine])
+            mine = pieces.lengths[rank * workers : (rank + 1) * workers]
+            turn = next_worker(seg.consumed, [shape.batches(n) for n in mine])
             role = rank * workers + (worker + turn) % workers
             seed = segment_seed(reader_seed(seg.path(role)), s)
             buffer, rest = _unread(pieces[role], yielded[role], seed, shape)
             return ReaderPlan(buffer.tolist(), rest, seed, yielded[role], dropped, padded)
-        parts = [
-            _unread(p, o, segment_seed(reader_seed(seg.path(i)), s), shape)
-            for i, (p, o) in enumerate(zip(pieces, yielded, strict=True))
-        ]
-        # Every reader's buffer and rest, in position order: arrays, not millions of tuples.
+
+        def seed_of(i: int, s: int = s, seg: Segment = seg) -> int:
+            return segment_seed(reader_seed(seg.path(i)), s)
+
+        if pieces.ordered:
+            left = _Left(pieces, yielded, seed_of, shape)
+            continue
+        # Pieces that wrap around (padding): every reader's buffer and rest, sorted, as arrays.
+        parts = [_unread(pieces[i], o, seed_of(i), shape) for i, o in enumerate(yielded)]
         buffers = np.concatenate([buffer for buffer, _ in parts])
         starts = np.concatenate([buffers, *(rest.starts for _, rest in parts)])
         stops = np.concatenate([buffers + 1, *(rest.stops for _, rest in parts)])
