@@ -289,7 +289,7 @@ _DELETE = object()
     ("path", "value", "match"),
     [
         ("format", "webdataset", r"format should be 'shardpipes-index', got 'webdataset'"),
-        ("version", 2, r"version is 2; this shardpipes reads version 1: upgrade shardpipes"),
+        ("version", 3, r"version is 3; this shardpipes reads versions 1 to 2: upgrade shardpipes"),
         ("version", "1", r"version should be a positive int, got '1'"),
         ("shards", {}, r"shards should be a list, got dict"),
         ("shards/1/url", "", r"shards\[1\]\.url should be a non-empty string"),

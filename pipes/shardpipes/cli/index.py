@@ -19,11 +19,15 @@ def add_parser(sub: Any) -> None:
     """Register ``index``."""
     p = sub.add_parser(
         "index",
-        help="scan shards and write their sample index (a sidecar JSON)",
-        description="Scans the shards (streaming, several at a time) and writes a JSON index "
-        "listing every shard's samples with their keys and byte ranges. With it the loader "
-        "knows the dataset size, splits epochs exactly by sample ranges and reads ranges with "
-        "one seek or range request. See docs/index-format.md.",
+        help="scan shards and write their sample index (a sidecar JSON and sample files)",
+        description="Scans the shards (streaming, several at a time) and writes their index: a "
+        "JSON descriptor with one line per shard (URL, sample count, size) and, in the folder "
+        "next to it, one small file per shard with its samples' keys and byte ranges, written "
+        "as each shard is scanned. Shards whose sample file is already there (same URL, same "
+        "size) are not read again: an interrupted run continues, and --add adds shards to an "
+        "existing index. With it the loader knows the dataset size, splits epochs exactly by "
+        "sample ranges and reads ranges with one seek or range request. See "
+        "docs/index-format.md.",
     )
     p.add_argument(
         "urls",
@@ -40,20 +44,34 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--workers", type=int, default=8, help="shards scanned at once (default: 8)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--add",
+        action="store_true",
+        help="keep the shards of the existing index OUT and add the given shards not in it",
+    )
+    p.add_argument(
+        "--rebuild", action="store_true", help="read every shard again, whatever is on disk"
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Build the index and save it."""
-    from shardpipes.index import build_index, default_index_url
+    from shardpipes.index import default_index_url, write_index
 
     urls = shard_urls(args.urls)
-    index = build_index(urls, workers=args.workers, progress=not args.no_progress)
-    out = args.output or default_index_url(index.urls)
-    index.save(out)
+    out = args.output or default_index_url(urls)
+    r = write_index(
+        urls,
+        out,
+        workers=args.workers,
+        add=args.add,
+        rebuild=args.rebuild,
+        progress=not args.no_progress,
+    )
     print(
-        f"indexed {len(index.shards)} shards: {index.num_samples} samples, "
-        f"{format_bytes(index.total_bytes)}"
+        f"indexed {r.shards} shards: {r.samples} samples, {format_bytes(r.total_bytes)} "
+        f"({r.scanned} scanned, {r.reused} already indexed)"
     )
     print(f"wrote {out}")
     return 0

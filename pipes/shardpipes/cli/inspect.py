@@ -66,11 +66,11 @@ def _inspect_shard(url: str, n: int) -> int:
 
 def _inspect_index(url: str, n: int) -> int:
     from shardpipes.cli.index import format_bytes
-    from shardpipes.index import VERSION, ShardIndex
+    from shardpipes.index import ShardIndex
 
     index = ShardIndex.load(url)
     print(
-        f"{url}: shardpipes index version {VERSION}, {len(index.shards)} shards, "
+        f"{url}: shardpipes index version {index.version}, {len(index.shards)} shards, "
         f"{index.num_samples} samples, {format_bytes(index.total_bytes)}"
     )
     for shard in index.shards[:n]:

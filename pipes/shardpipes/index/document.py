@@ -1,15 +1,20 @@
-"""The shard index: a sidecar JSON listing every shard's samples and their byte ranges.
+"""The shard index: what a dataset's shards hold, so that the loader can plan without reading them.
 
 With an index the loader knows the dataset size without reading it, partitions an epoch by
 sample ranges (:mod:`shardpipes.plan.partition`), and reads a range of samples with one seek or
 one HTTP range request (:func:`open_range`). The file format is described in
-``docs/index-format.md``; in short::
+``docs/index-format.md``. Version 2 (written by default) is a descriptor with one line per
+shard, what planning needs::
 
-    {"format": "shardpipes-index", "version": 1, "num_shards": 2, "num_samples": 5,
-     "total_bytes": 20480, "shards": [
-    {"url": "train-000000.tar", "num_samples": 3, "total_bytes": 10240,
-     "keys": ["a", "b", "c"], "offsets": [0, 2048, 4096], "sizes": [2048, 2048, 2048]},
+    {"format":"shardpipes-index","version":2,"num_shards":2,"num_samples":5,
+     "total_bytes":20480,"samples":"train.index.samples","shards":[
+    {"url":"train-000000.tar","num_samples":3,"total_bytes":10240},
     ...]}
+
+and, in the folder ``samples`` names, one small binary file per shard with its samples' byte
+spans and keys (:mod:`shardpipes.index.sidecar`), read only by the readers of that shard, when
+they first ask for a byte range. Version 1 (still read; ``save(..., version=1)`` writes it)
+holds every sample's ``keys``, ``offsets`` and ``sizes`` inline.
 
 Sample ``j`` of a shard is the run of tar members in bytes ``[offsets[j], offsets[j] +
 sizes[j])``: from the first header of its first member to the end of its last member's padded
@@ -25,17 +30,18 @@ import json
 import os
 import posixpath
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
-from shardpipes.errors import ShardpipesError
-from shardpipes.formats.tarheaders import BLOCK
+from shardpipes.index.shard import IndexFormatError, ShardInfo, fail
+from shardpipes.index.sidecar import encode, sidecar_dir, sidecar_path
+from shardpipes.index.table import DEFAULT_CACHE_BYTES, ShardList, Table, read_table
+from shardpipes.index.v1 import validate_v1
 from shardpipes.storage.open import filesystem
-from shardpipes.storage.urls import absolute, parent, resolve
+from shardpipes.storage.urls import absolute, parent
 
 __all__ = [
     "FORMAT",
@@ -48,82 +54,19 @@ __all__ = [
 ]
 
 FORMAT = "shardpipes-index"
-VERSION = 1
-_CHUNK = 1 << 20
+#: The version ``save`` writes; every version up to it is read.
+VERSION = 2
 
 
-class IndexFormatError(ShardpipesError, ValueError):
-    """An index file is not a valid shardpipes index; the message names the file and the field.
-
-    Attributes:
-        url: The index file.
-        field: The bad field, e.g. ``"shards[3].offsets[7]"``.
-    """
-
-    def __init__(self, message: str, *, url: str = "", field: str = "") -> None:
-        super().__init__(message)
-        self.url = url
-        self.field = field
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_index_error, (self.args[0], self.url, self.field))
-
-
-def _rebuild_index_error(message: str, url: str, field: str) -> IndexFormatError:
-    return IndexFormatError(message, url=url, field=field)
-
-
-@dataclass
-class ShardInfo:
-    """The index of one shard.
-
-    Attributes:
-        url: Absolute shard URL (a local path, or ``scheme://...``).
-        total_bytes: Size of the shard file in bytes.
-        keys: Sample keys, in archive order.
-        offsets: Byte offset of each sample's first member header.
-        sizes: Bytes from that offset to the end of the sample's last member's padded data.
-
-    Examples:
-        >>> s = ShardInfo("/d/a.tar", 10240, ["x", "y"], [0, 2048], [2048, 1024])
-        >>> s.num_samples, s.byte_range(0, 2)
-        (2, (0, 3072))
-    """
-
-    url: str
-    total_bytes: int
-    keys: list[str] = field(default_factory=list)
-    offsets: list[int] = field(default_factory=list)
-    sizes: list[int] = field(default_factory=list)
-
-    @property
-    def num_samples(self) -> int:
-        """Samples in the shard."""
-        return len(self.keys)
-
-    def byte_range(self, start: int, stop: int) -> tuple[int, int]:
-        """Return ``(offset, size)`` of samples ``start`` to ``stop`` (exclusive): one read.
-
-        The bytes parse on their own with ``iter_tar(..., require_end=False)`` (members only,
-        no end-of-archive blocks).
-
-        Raises:
-            ValueError: An empty or out-of-bounds sample range, naming it and the shard.
-        """
-        if not 0 <= start < stop <= self.num_samples:
-            raise ValueError(
-                f"{self.url}: sample range [{start}, {stop}) is empty or outside [0, {self.num_samples})"
-            )
-        offset = self.offsets[start]
-        return offset, self.offsets[stop - 1] + self.sizes[stop - 1] - offset
-
-
-@dataclass
 class ShardIndex:
     """The index of a dataset: one :class:`ShardInfo` per shard, in order.
 
+    A built index holds every shard's samples; one loaded from a version-2 file holds per
+    shard only its URL, sample count and size, and loads a shard's spans when they are asked
+    for (``shards[i].byte_range(...)``), keeping at most ``cache_bytes`` of them.
+
     Attributes:
-        shards: The shards.
+        shards: The shards (a list, or a sequence that makes each ``ShardInfo`` when asked).
         source: The file the index was loaded from, or ``None`` for a built index.
 
     Examples:
@@ -138,27 +81,76 @@ class ShardIndex:
         ([3, 4], 7, True)
     """
 
-    shards: list[ShardInfo]
-    source: str | None = field(default=None, compare=False)
+    def __init__(self, shards: Iterable[ShardInfo] = (), source: str | None = None) -> None:
+        self._list: list[ShardInfo] | None = list(shards)
+        self._table: Table | None = None
+        self.source = source
+        #: The format version of the file it was loaded from (``None``: built in memory).
+        self.version: int | None = None
+        self._where: dict[str, int] | None = None
+
+    @classmethod
+    def _of_table(cls, table: Table) -> ShardIndex:
+        index = cls((), source=table.source)
+        index._list, index._table, index.version = None, table, 2
+        return index
+
+    @property
+    def shards(self) -> Sequence[ShardInfo]:
+        """The shards, in order."""
+        if self._table is not None:
+            return ShardList(self._table)
+        assert self._list is not None
+        return self._list
+
+    @shards.setter
+    def shards(self, value: Iterable[ShardInfo]) -> None:
+        self._list, self._table, self._where = list(value), None, None
+
+    def __len__(self) -> int:
+        return len(self._table) if self._table is not None else len(self._list or ())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ShardIndex):
+            return NotImplemented
+        return len(self) == len(other) and all(
+            a == b for a, b in zip(self.shards, other.shards, strict=True)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ShardIndex({len(self)} shards, {self.num_samples} samples, source={self.source!r})"
+
+    @property
+    def count_array(self) -> np.ndarray:
+        """Samples per shard as an int64 array (what the epoch plan reads)."""
+        if self._table is not None:
+            return self._table.counts
+        return np.fromiter((s.num_samples for s in self.shards), np.int64, len(self))
 
     @property
     def num_samples(self) -> int:
         """Samples in all shards."""
-        return sum(s.num_samples for s in self.shards)
+        return int(self.count_array.sum())
 
     @property
     def counts(self) -> list[int]:
         """Samples per shard: the input of :func:`shardpipes.plan.partition.partition_samples`."""
-        return [s.num_samples for s in self.shards]
+        return self.count_array.tolist()  # type: ignore[no-any-return]
 
     @property
     def urls(self) -> list[str]:
         """Absolute shard URLs."""
+        if self._table is not None:
+            return [self._table.url(i) for i in range(len(self._table))]
         return [s.url for s in self.shards]
 
     @property
     def total_bytes(self) -> int:
         """Bytes in all shard files."""
+        if self._table is not None:
+            return int(self._table.sizes.sum())
         return sum(s.total_bytes for s in self.shards)
 
     def lookup(self, url: str) -> int:
@@ -167,7 +159,39 @@ class ShardIndex:
         Raises:
             KeyError: No shard with that URL, naming it and the index.
         """
-        return self._positions([url])[0]
+        return int(self.positions([url])[0])
+
+    def positions(self, urls: Iterable[str]) -> np.ndarray:
+        """The positions of the shards ``urls`` (as :meth:`lookup`), as an int64 array.
+
+        Raises:
+            KeyError: A URL not in the index, naming it and the index.
+        """
+        urls = list(urls)
+        if self._table is not None:
+            found = self._table.positions(urls)
+        else:
+            if self._where is None or len(self._where) != len(self):
+                self._where = {s.url: i for i, s in enumerate(self.shards)}
+            found = [self._where.get(u) for u in urls]
+        if None not in found:
+            return np.asarray(found, dtype=np.int64)
+        out = np.empty(len(urls), dtype=np.int64)
+        for k, i in enumerate(found):
+            if i is None:  # a relative path, a file:// URL: the absolute form is what is stored
+                i = self._find(urls[k])
+            out[k] = i
+        return out
+
+    def _find(self, url: str) -> int:
+        full = absolute(url)
+        if self._table is not None:
+            i = self._table.positions([full])[0]
+        else:
+            i = (self._where or {}).get(full)
+        if i is None:
+            raise KeyError(f"{url}: not in the index {self.source or '(built in memory)'}")
+        return i
 
     def select(self, urls: Iterable[str]) -> ShardIndex:
         """Return the index of ``urls`` only, in that order.
@@ -175,20 +199,14 @@ class ShardIndex:
         Raises:
             KeyError: A URL not in the index.
         """
-        return ShardIndex([self.shards[i] for i in self._positions(urls)], source=self.source)
-
-    def _positions(self, urls: Iterable[str]) -> list[int]:
-        where = {s.url: i for i, s in enumerate(self.shards)}
-        out = []
-        for url in urls:
-            i = where.get(absolute(url))
-            if i is None:
-                raise KeyError(f"{url}: not in the index {self.source or '(built in memory)'}")
-            out.append(i)
-        return out
+        shards = self.shards
+        return ShardIndex([shards[int(i)] for i in self.positions(urls)], source=self.source)
 
     def to_dict(self, base: str | None = None) -> dict[str, Any]:
-        """Return the JSON document; URLs below the folder of the index file ``base`` are made relative."""
+        """Return the version-1 JSON document (every sample inline).
+
+        URLs below the folder of the index file ``base`` are made relative.
+        """
         base_dir = parent(absolute(base)) + "/" if base else None
         shards = []
         for s in self.shards:
@@ -205,46 +223,71 @@ class ShardIndex:
             )
         return {
             "format": FORMAT,
-            "version": VERSION,
+            "version": 1,
             "num_shards": len(shards),
             "num_samples": self.num_samples,
             "total_bytes": self.total_bytes,
             "shards": shards,
         }
 
-    def save(self, url: str, *, storage_options: Mapping[str, Any] | None = None) -> None:
+    def save(
+        self,
+        url: str,
+        *,
+        version: int = VERSION,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
         """Write the index to ``url`` (compact JSON, one line per shard; ``.gz`` compresses).
 
-        A local file is replaced atomically.
+        Version 2 (the default) writes the descriptor and, in the folder next to it
+        (``train.index.samples/`` for ``train.index.json``), one sample file per shard;
+        version 1 writes everything into the one file. A local file is replaced atomically.
         """
-        doc = self.to_dict(url)
-        shards = doc.pop("shards")
-        sep = (",", ":")
-        lines = ",\n".join(json.dumps(s, separators=sep, ensure_ascii=False) for s in shards)
-        text = json.dumps(doc, separators=sep)[:-1] + ',"shards":[\n' + lines + "\n]}\n"
-        fs, path = filesystem(url, storage_options)
-        local = isinstance(fs, LocalFileSystem)
-        target = f"{path}.tmp-{os.getpid()}" if local else url
-        if local:
-            fs.makedirs(parent(path), exist_ok=True)
-        try:
-            with fsspec.open(
-                target,
-                "wt",
-                encoding="utf-8",
-                compression=_compression(url),
-                **dict(storage_options or {}),
-            ) as f:
-                f.write(text)
-            if local:
-                os.replace(target, path)
-        finally:
-            if local and os.path.exists(target):
-                os.remove(target)  # only left when writing failed
+        if version == 1:
+            doc = self.to_dict(url)
+            shards = doc.pop("shards")
+            sep = (",", ":")
+            lines = [json.dumps(s, separators=sep, ensure_ascii=False) for s in shards]
+            write_descriptor(url, doc, lines, storage_options)
+            return
+        if version != 2:
+            raise ValueError(f"version should be 1 or 2, got {version!r}")
+        base_dir = parent(absolute(url)) + "/"
+        lines = []
+        for i, s in enumerate(self.shards):
+            rel = s.url[len(base_dir) :] if s.url.startswith(base_dir) else s.url
+            offsets, sizes = s.spans()
+            write_bytes(
+                sidecar_path(url, i),
+                encode(rel, s.total_bytes, s.keys, offsets, sizes),
+                storage_options,
+            )
+            lines.append(shard_line(rel, s.num_samples, s.total_bytes, s.etag))
+        write_descriptor(url, self._header(url), lines, storage_options)
+
+    def _header(self, url: str) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": 2,
+            "num_shards": len(self),
+            "num_samples": self.num_samples,
+            "total_bytes": self.total_bytes,
+            "samples": sidecar_dir(url),
+        }
 
     @classmethod
-    def load(cls, url: str, *, storage_options: Mapping[str, Any] | None = None) -> ShardIndex:
-        """Read and validate the index file ``url``; shard URLs come back absolute.
+    def load(
+        cls,
+        url: str,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+    ) -> ShardIndex:
+        """Read and validate the index file ``url`` (version 1 or 2); shard URLs come back absolute.
+
+        A version-2 descriptor is read a batch of lines at a time; its shards' sample files
+        are read later, each when one of its byte ranges is first asked for, and at most
+        ``cache_bytes`` of their spans are kept (least recently used out first).
 
         Raises:
             FileNotFoundError: No such file.
@@ -259,7 +302,19 @@ class ShardIndex:
                 compression=_compression(url),
                 **dict(storage_options or {}),
             ) as f:
-                text = f.read()
+                first = f.readline()
+                header = _line_header(first)
+                if header is not None and _version(header, url) == 2:
+                    table = read_table(
+                        header,
+                        iter(f),
+                        None,
+                        url,
+                        storage_options=storage_options,
+                        cache_bytes=cache_bytes,
+                    )
+                    return cls._of_table(table)
+                text = first + f.read()
         except FileNotFoundError as exc:
             raise FileNotFoundError(f"{url}: no such index file") from exc
         except (UnicodeDecodeError, EOFError, gzip.BadGzipFile) as exc:
@@ -272,125 +327,119 @@ class ShardIndex:
             raise IndexFormatError(
                 f"{url}: not a JSON index file ({exc})", url=url, field=""
             ) from exc
-        return cls.from_dict(doc, url)
+        return cls.from_dict(doc, url, storage_options=storage_options, cache_bytes=cache_bytes)
 
     @classmethod
-    def from_dict(cls, doc: Any, url: str) -> ShardIndex:
+    def from_dict(
+        cls,
+        doc: Any,
+        url: str,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+    ) -> ShardIndex:
         """Validate the JSON document ``doc`` read from the index file ``url`` and build the index.
 
-        Relative shard URLs are resolved against the folder of ``url``.
+        Relative shard URLs are resolved against the folder of ``url`` (and, for version 2,
+        so is the folder of the sample files).
 
         Raises:
             IndexFormatError: A bad field, naming ``url`` and the field.
         """
-        return _validate(doc, url)
+        if _version(doc, url) == 2:
+            shards = doc.get("shards")
+            if not isinstance(shards, list):
+                raise fail(url, "shards", f"should be a list, got {type(shards).__name__}")
+            table = read_table(
+                doc, None, shards, url, storage_options=storage_options, cache_bytes=cache_bytes
+            )
+            return cls._of_table(table)
+        index = cls(validate_v1(doc, url), source=url)
+        index.version = 1
+        return index
 
 
-def _fail(url: str, fld: str, what: str) -> IndexFormatError:
-    return IndexFormatError(f"{url}: {fld} {what}", url=url, field=fld)
+def _line_header(first: str) -> dict[str, Any] | None:
+    """The header of a descriptor whose first line ends with ``"shards":[`` (as saved)."""
+    line = first.rstrip()
+    if not line.endswith('"shards":['):
+        return None
+    try:
+        doc = json.loads(line + "]}")
+    except json.JSONDecodeError:
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
-def _int(doc: Mapping[str, Any], name: str, url: str, where: str) -> int:
-    value = doc.get(name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _fail(url, f"{where}{name}", f"should be an int >= 0, got {value!r}")
-    return value
-
-
-def _int_array(doc: Mapping[str, Any], name: str, n: int, url: str, where: str) -> np.ndarray:
-    value = doc.get(name)
-    fld = f"{where}{name}"
-    if not isinstance(value, list) or len(value) != n:
-        got = f"a list of {len(value)}" if isinstance(value, list) else repr(type(value).__name__)
-        raise _fail(url, fld, f"should be a list of {n} ints (num_samples), got {got}")
-    for j, v in enumerate(value):
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 62:
-            raise _fail(url, f"{fld}[{j}]", f"should be an int >= 0, got {v!r}")
-    return np.asarray(value, dtype=np.int64)
-
-
-def _validate(doc: Any, url: str) -> ShardIndex:
+def _version(doc: Any, url: str) -> int:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
-        raise _fail(url, "format", f"should be {FORMAT!r}, got {got!r}: not a shardpipes index")
+        raise fail(url, "format", f"should be {FORMAT!r}, got {got!r}: not a shardpipes index")
     version = doc.get("version")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise _fail(url, "version", f"should be a positive int, got {version!r}")
+        raise fail(url, "version", f"should be a positive int, got {version!r}")
     if version > VERSION:
-        raise _fail(
+        raise fail(
             url,
             "version",
-            f"is {version}; this shardpipes reads version {VERSION}: upgrade shardpipes",
+            f"is {version}; this shardpipes reads versions 1 to {VERSION}: upgrade shardpipes",
         )
-    shards_doc = doc.get("shards")
-    if not isinstance(shards_doc, list):
-        raise _fail(url, "shards", f"should be a list, got {type(shards_doc).__name__}")
-    base_dir = parent(absolute(url))
-    shards: list[ShardInfo] = []
-    seen: dict[str, int] = {}
-    for i, s in enumerate(shards_doc):
-        where = f"shards[{i}]."
-        if not isinstance(s, dict):
-            raise _fail(url, f"shards[{i}]", f"should be an object, got {type(s).__name__}")
-        rel = s.get("url")
-        if not isinstance(rel, str) or not rel:
-            raise _fail(url, f"{where}url", f"should be a non-empty string, got {rel!r}")
-        shard_url = resolve(rel, base_dir)
-        if shard_url in seen:
-            raise _fail(url, f"{where}url", f"{rel!r} repeats shards[{seen[shard_url]}]")
-        seen[shard_url] = i
-        n = _int(s, "num_samples", url, where)
-        total = _int(s, "total_bytes", url, where)
-        keys = s.get("keys")
-        if not isinstance(keys, list) or len(keys) != n:
-            got = f"a list of {len(keys)}" if isinstance(keys, list) else repr(type(keys).__name__)
-            raise _fail(
-                url, f"{where}keys", f"should be a list of {n} strings (num_samples), got {got}"
-            )
-        for j, k in enumerate(keys):
-            if not isinstance(k, str) or not k:
-                raise _fail(url, f"{where}keys[{j}]", f"should be a non-empty string, got {k!r}")
-        if len(set(keys)) != n:
-            first: dict[str, int] = {}
-            j = next(j for j, k in enumerate(keys) if first.setdefault(k, j) != j)
-            raise _fail(
-                url, f"{where}keys[{j}]", f"{keys[j]!r} repeats an earlier key of the shard"
-            )
-        offsets = _int_array(s, "offsets", n, url, where)
-        sizes = _int_array(s, "sizes", n, url, where)
-        _check_layout(offsets, sizes, total, url, where)
-        shards.append(ShardInfo(shard_url, total, keys, offsets.tolist(), sizes.tolist()))
-    for name, want in (
-        ("num_shards", len(shards)),
-        ("num_samples", sum(x.num_samples for x in shards)),
-    ):
-        if name in doc and doc[name] != want:
-            raise _fail(url, name, f"is {doc[name]!r} but the shards hold {want}")
-    return ShardIndex(shards, source=url)
+    return version
 
 
-def _check_layout(offsets: np.ndarray, sizes: np.ndarray, total: int, url: str, where: str) -> None:
-    """Offsets and sizes are block-aligned, positive, in order, non-overlapping, inside the file."""
-    checks: list[tuple[str, np.ndarray, str]] = [
-        (
-            "offsets",
-            (offsets < 0) | (offsets % BLOCK != 0),
-            f"should be a multiple of {BLOCK} >= 0",
-        ),
-        ("sizes", (sizes <= 0) | (sizes % BLOCK != 0), f"should be a positive multiple of {BLOCK}"),
-        (
-            "offsets",
-            np.r_[False, offsets[1:] < offsets[:-1] + sizes[:-1]],
-            "overlaps the previous sample",
-        ),
-        ("sizes", offsets + sizes > total, f"runs past total_bytes ({total})"),
-    ]
-    for name, bad, what in checks:
-        hits = np.flatnonzero(bad)
-        if hits.size:
-            j = int(hits[0])
-            value = int(offsets[j] if name == "offsets" else sizes[j])
-            raise _fail(url, f"{where}{name}[{j}]", f"= {value} {what}")
+def shard_line(url: str, num_samples: int, total_bytes: int, etag: str | None = None) -> str:
+    """One shard's line of a version-2 descriptor."""
+    entry: dict[str, Any] = {"url": url, "num_samples": num_samples, "total_bytes": total_bytes}
+    if etag is not None:
+        entry["etag"] = etag
+    return json.dumps(entry, separators=(",", ":"), ensure_ascii=False)
+
+
+def write_descriptor(
+    url: str,
+    header: Mapping[str, Any],
+    lines: Iterable[str],
+    storage_options: Mapping[str, Any] | None = None,
+) -> None:
+    """Write a descriptor: the header, then one line per shard (atomically when local)."""
+    fs, path = filesystem(url, storage_options)
+    local = isinstance(fs, LocalFileSystem)
+    target = f"{path}.tmp-{os.getpid()}" if local else url
+    if local:
+        fs.makedirs(parent(path), exist_ok=True)
+    try:
+        with fsspec.open(
+            target,
+            "wt",
+            encoding="utf-8",
+            compression=_compression(url),
+            **dict(storage_options or {}),
+        ) as f:
+            f.write(json.dumps(dict(header), separators=(",", ":"))[:-1] + ',"shards":[\n')
+            sep = ""
+            for line in lines:
+                f.write(sep + line)
+                sep = ",\n"
+            f.write("\n]}\n")
+        if local:
+            os.replace(target, path)
+    finally:
+        if local and os.path.exists(target):
+            os.remove(target)  # only left when writing failed
+
+
+def write_bytes(url: str, data: bytes, storage_options: Mapping[str, Any] | None = None) -> None:
+    """Write one sample file (a local one atomically, folders made)."""
+    fs, path = filesystem(url, storage_options)
+    if isinstance(fs, LocalFileSystem):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        return
+    with fsspec.open(url, "wb", **dict(storage_options or {})) as f:
+        f.write(data)
 
 
 def _compression(url: str) -> str | None:

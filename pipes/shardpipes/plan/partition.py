@@ -30,15 +30,19 @@ simply split between readers.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
+
 from shardpipes.plan.readers import POLICIES, check_int, per_reader, reader_count, reader_index
-from shardpipes.plan.seeds import DEFAULT_SHUFFLE_BUFFER, buffered_shuffle, derive_seed
+from shardpipes.plan.seeds import DEFAULT_SHUFFLE_BUFFER, derive_seed, shuffle_draws
 
 __all__ = [
     "POLICIES",
+    "EpochLayout",
     "Partition",
     "PartitionSummary",
     "SampleRange",
@@ -46,6 +50,7 @@ __all__ = [
     "partition_samples",
     "positions_to_ranges",
     "reader_index",
+    "reader_ranges",
     "shard_order",
     "summarize",
 ]
@@ -68,8 +73,24 @@ class SampleRange(NamedTuple):
         return self.stop - self.start
 
 
-def _check_counts(counts: Sequence[int]) -> list[int]:
-    return [check_int(f"counts[{i}]", c, 0) for i, c in enumerate(counts)]
+def _check_counts(counts: Sequence[int] | np.ndarray) -> np.ndarray:
+    """``counts`` as an int64 array, after the checks of ``check_int`` (vectorized when it can)."""
+    arr = None
+    if isinstance(counts, np.ndarray) or not any(type(c) is bool for c in counts):
+        try:
+            arr = np.asarray(counts)
+        except (TypeError, ValueError):
+            arr = None
+    if arr is not None and arr.ndim == 1 and arr.dtype.kind in "iu" and len(arr) == len(counts):
+        bad = np.flatnonzero(arr < 0)
+        if not bad.size:
+            return arr.astype(np.int64, copy=False)
+        i = int(bad[0])
+        check_int(f"counts[{i}]", int(arr[i]), 0)
+    # Something else in there (bools make an int array too: find them the slow way).
+    return np.asarray(
+        [check_int(f"counts[{i}]", c, 0) for i, c in enumerate(counts)], dtype=np.int64
+    )
 
 
 def shard_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool = True) -> list[int]:
@@ -95,11 +116,125 @@ def shard_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool = True)
     epoch = check_int("epoch", epoch, 0)
     if not shuffle:
         return list(range(num_shards))
-    return list(
-        buffered_shuffle(
-            range(num_shards), derive_seed([seed, epoch, 0, 0]), DEFAULT_SHUFFLE_BUFFER
-        )
-    )
+    return _shuffled_range(num_shards, derive_seed([seed, epoch, 0, 0]), DEFAULT_SHUFFLE_BUFFER)
+
+
+def _shuffled_range(n: int, seed: int, size: int) -> list[int]:
+    """``list(buffered_shuffle(range(n), seed, size))``, with the draws made in one numpy call.
+
+    The same draws in the same order as :func:`shardpipes.plan.seeds.buffered_shuffle`: the
+    steady phase (one draw per input after the buffer fills), then the drain.
+    """
+    steady: list[int] = []
+    if n <= size:
+        buffer = list(range(n))
+    else:
+        buffer = list(range(size))
+        slots = (shuffle_draws(seed, 0, n - size) * size).astype(np.int64).tolist()
+        append = steady.append
+        for x, idx in zip(range(size, n), slots, strict=True):
+            append(buffer[idx])
+            buffer[idx] = x
+    drain = shuffle_draws(seed, len(steady), len(buffer)).tolist()
+    steady.extend(buffer.pop(int(f * len(buffer))) for f in drain)
+    return steady
+
+
+class EpochLayout:
+    """The samples of an epoch laid end to end: shards ``order[0]``, ``order[1]``, ... .
+
+    Prefix sums over the shard order, made once per epoch in ``O(shards)``; then any stretch
+    of positions maps to its per-shard ranges in ``O(log shards + ranges)`` (a bisection), so
+    a reader's ranges never need every reader's.
+
+    Examples:
+        >>> layout = EpochLayout([3, 0, 4], [2, 1, 0])
+        >>> layout.total, layout.ranges(2, 6)
+        (7, [SampleRange(shard=2, start=2, stop=4), SampleRange(shard=0, start=0, stop=2)])
+    """
+
+    def __init__(
+        self, counts: Sequence[int] | np.ndarray, order: Sequence[int] | np.ndarray | None = None
+    ) -> None:
+        counts_arr = _check_counts(counts)
+        n = len(counts_arr)
+        if order is None:
+            order_arr = np.arange(n, dtype=np.int64)
+        else:
+            order_arr = np.asarray(order, dtype=np.int64)
+            if (
+                order_arr.shape != (n,)
+                or (n and (order_arr.min() < 0 or order_arr.max() >= n))
+                or (np.bincount(order_arr, minlength=n) != 1).any()
+            ):
+                raise ValueError(f"order {list(order)!r} is not a permutation of range({n})")
+        self.counts = counts_arr
+        self.order = order_arr
+        #: ``ends[k]``: the position after the last sample of shard ``order[k]``.
+        self.ends = np.cumsum(counts_arr[order_arr], dtype=np.int64)
+        self.total = int(self.ends[-1]) if n else 0
+
+    def shard_at(self, position: int) -> tuple[int, int]:
+        """``(shard, sample)`` at ``position`` (``0 <= position < total``)."""
+        k = int(np.searchsorted(self.ends, position, side="right"))
+        shard = int(self.order[k])
+        return shard, position - int(self.ends[k] - self.counts[shard])
+
+    def ranges(self, start: int, stop: int) -> list[SampleRange]:
+        """Positions ``[start, stop)`` (read circularly) as per-shard ranges, in reading order."""
+        start = check_int("start", start, 0)
+        stop = check_int("stop", stop, 0)
+        if stop < start:
+            raise ValueError(f"stop ({stop}) should be >= start ({start})")
+        if stop == start:
+            return []
+        total = self.total
+        if total == 0:
+            raise ValueError(f"positions [{start}, {stop}) asked of a dataset with no samples")
+        out: list[SampleRange] = []
+        pos = start
+        while pos < stop:
+            lo = pos % total  # one lap of the circular sequence at a time
+            hi = min(total, lo + (stop - pos))
+            # Shards order[k0 .. k1] hold positions lo .. hi - 1 (empty shards skipped).
+            k0, k1 = np.searchsorted(self.ends, [lo, hi - 1], side="right").tolist()
+            shards = self.order[k0 : k1 + 1]
+            ends = self.ends[k0 : k1 + 1].tolist()
+            for shard, end, n in zip(
+                shards.tolist(), ends, self.counts[shards].tolist(), strict=True
+            ):
+                if n:
+                    first = end - n
+                    out.append(SampleRange(shard, max(lo, first) - first, min(hi, end) - first))
+            pos += hi - lo
+        return _merge(out)
+
+
+def reader_ranges(
+    counts: Sequence[int] | np.ndarray,
+    order: Sequence[int] | np.ndarray | None,
+    reader: int,
+    readers: int,
+    policy: str = "drop",
+) -> list[SampleRange]:
+    """The ranges of reader ``reader`` of ``readers`` alone: piece ``reader`` of the epoch.
+
+    The same as ``partition_samples(...).readers[reader]`` for that epoch's ``order``
+    (``None``: the given order), in ``O(shards + its ranges)``.
+
+    Examples:
+        >>> reader_ranges([4, 3], None, 1, 2)
+        [SampleRange(shard=0, start=3, stop=4), SampleRange(shard=1, start=0, stop=2)]
+    """
+    readers = check_int("readers", readers, 1)
+    reader = check_int("reader", reader, 0)
+    if reader >= readers:
+        raise ValueError(f"reader ({reader}) should be smaller than readers ({readers})")
+    if policy not in POLICIES:
+        raise ValueError(f"policy {policy!r} is not known; must be one of {', '.join(POLICIES)}")
+    layout = EpochLayout(counts, order)
+    per = per_reader(layout.total, readers, policy)
+    return layout.ranges(reader * per, (reader + 1) * per)
 
 
 def positions_to_ranges(
@@ -120,35 +255,7 @@ def positions_to_ranges(
         >>> positions_to_ranges([3], [0], 2, 5)  # past the end: wraps around
         [SampleRange(shard=0, start=2, stop=3), SampleRange(shard=0, start=0, stop=2)]
     """
-    counts = _check_counts(counts)
-    if sorted(order) != list(range(len(counts))):
-        raise ValueError(f"order {list(order)!r} is not a permutation of range({len(counts)})")
-    start = check_int("start", start, 0)
-    stop = check_int("stop", stop, 0)
-    if stop < start:
-        raise ValueError(f"stop ({stop}) should be >= start ({start})")
-    total = sum(counts)
-    if stop == start:
-        return []
-    if total == 0:
-        raise ValueError(f"positions [{start}, {stop}) asked of a dataset with no samples")
-    out: list[SampleRange] = []
-    pos = start
-    while pos < stop:
-        # One lap of the circular sequence at a time, from position pos % total.
-        lap_start = pos % total
-        lap_stop = min(total, lap_start + (stop - pos))
-        base = 0
-        for shard in order:
-            n = counts[shard]
-            lo, hi = max(lap_start, base), min(lap_stop, base + n)
-            if lo < hi:
-                out.append(SampleRange(shard, lo - base, hi - base))
-            base += n
-            if base >= lap_stop:
-                break
-        pos += lap_stop - lap_start
-    return _merge(out)
+    return EpochLayout(counts, order).ranges(start, stop)
 
 
 def _merge(ranges: list[SampleRange]) -> list[SampleRange]:
@@ -240,18 +347,24 @@ def partition_samples(
         >>> partition_samples([4, 3], world_size=2, num_workers=0, shuffle=False, policy="pad").padded
         1
     """
-    counts = _check_counts(counts)
+    counts_arr = _check_counts(counts)
     world_size = check_int("world_size", world_size, 1)
     num_workers = check_int("num_workers", num_workers, 0)
     if policy not in POLICIES:
         raise ValueError(f"policy {policy!r} is not known; must be one of {', '.join(POLICIES)}")
-    order = shard_order(len(counts), seed=seed, epoch=epoch, shuffle=shuffle)
+    order = shard_order(len(counts_arr), seed=seed, epoch=epoch, shuffle=shuffle)
     readers = reader_count(world_size, num_workers)
-    total = sum(counts)
+    layout = EpochLayout(counts_arr, order)  # O(shards) once; each reader's piece by bisection
+    total = layout.total
     per = per_reader(total, readers, policy)
-    pieces = tuple(
-        tuple(positions_to_ranges(counts, order, r * per, (r + 1) * per)) for r in range(readers)
-    )
+    # Millions of small acyclic tuples: the cycle collector would rescan them again and again.
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        pieces = tuple(tuple(layout.ranges(r * per, (r + 1) * per)) for r in range(readers))
+    finally:
+        if paused:
+            gc.enable()
     used = per * readers
     return Partition(
         readers=pieces,

@@ -24,9 +24,10 @@ are split into equal contiguous pieces for the new readers, which read them with
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from shardpipes.plan.readers import batches, per_reader, reader_count, reader_path, split_reader
 from shardpipes.plan.seeds import derive_seed, shuffle_position
@@ -96,73 +97,117 @@ class Shape:
         return min(batches * (self.batch_size or 1), limit)
 
 
+def _merged(starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Non-empty runs, each joined to the previous one where it continues it."""
+    keep = stops > starts
+    starts, stops = starts[keep], stops[keep]
+    if starts.size:
+        new = np.flatnonzero(starts[1:] != stops[:-1]) + 1  # a run that does not continue
+        starts = starts[np.r_[0, new]]
+        stops = stops[np.r_[new - 1, stops.size - 1]]
+    return starts, stops
+
+
 class Runs:
-    """A sequence of sample positions stored as runs ``[start, stop)``, in order."""
+    """A sequence of sample positions stored as runs ``[start, stop)``, in order.
+
+    Held as arrays (starts, stops, and the running count at each run's end): an elastic
+    resume gathers millions of runs, one per sample that sat in a shuffle buffer.
+    """
 
     def __init__(self, runs: Iterable[tuple[int, int]] = ()) -> None:
-        self.runs: list[tuple[int, int]] = []
-        for a, b in runs:
-            if a >= b:
-                continue
-            if self.runs and self.runs[-1][1] == a:
-                self.runs[-1] = (self.runs[-1][0], b)
-            else:
-                self.runs.append((a, b))
-        self.ends: list[int] = []
-        n = 0
-        for a, b in self.runs:
-            n += b - a
-            self.ends.append(n)
+        arr = np.asarray([(a, b) for a, b in runs], dtype=np.int64).reshape(-1, 2)
+        self._set(*_merged(arr[:, 0], arr[:, 1]))
+
+    def _set(self, starts: np.ndarray, stops: np.ndarray) -> None:
+        self.starts = starts
+        self.stops = stops
+        self.cum = np.cumsum(stops - starts)  # ordinals after each run
+
+    @classmethod
+    def of_arrays(cls, starts: np.ndarray, stops: np.ndarray) -> Runs:
+        """Runs ``[starts[k], stops[k])`` in that order, merged as ``Runs(...)`` merges them."""
+        out = cls.__new__(cls)
+        out._set(*_merged(np.asarray(starts, np.int64), np.asarray(stops, np.int64)))
+        return out
+
+    @property
+    def runs(self) -> list[tuple[int, int]]:
+        """The runs as ``(start, stop)`` pairs."""
+        return list(zip(self.starts.tolist(), self.stops.tolist(), strict=True))
+
+    @property
+    def ends(self) -> list[int]:
+        """The number of positions up to the end of each run."""
+        return self.cum.tolist()  # type: ignore[no-any-return]
 
     def __len__(self) -> int:
-        return self.ends[-1] if self.ends else 0
+        return int(self.cum[-1]) if self.cum.size else 0
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Runs) and self.runs == other.runs
+        return (
+            isinstance(other, Runs)
+            and np.array_equal(self.starts, other.starts)
+            and np.array_equal(self.stops, other.stops)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"Runs({self.runs})"
 
     def slice(self, lo: int, hi: int) -> Runs:
         """The positions at ordinals ``[lo, hi)``."""
-        out = []
-        i = bisect.bisect_right(self.ends, lo)
-        while i < len(self.runs) and lo < hi:
-            a, b = self.runs[i]
-            first = self.ends[i] - (b - a)  # ordinal of position a
-            start = a + (lo - first)
-            stop = min(b, start + (hi - lo))
-            out.append((start, stop))
-            lo += stop - start
-            i += 1
-        return Runs(out)
+        hi = min(hi, len(self))
+        if lo >= hi:
+            return Runs()
+        i = int(np.searchsorted(self.cum, lo, side="right"))
+        j = int(np.searchsorted(self.cum, hi - 1, side="right"))
+        starts = self.starts[i : j + 1].copy()
+        stops = self.stops[i : j + 1].copy()
+        # Ordinal of each end run's first position: cum minus its length.
+        starts[0] += lo - int(self.cum[i] - (self.stops[i] - self.starts[i]))
+        stops[-1] = self.starts[j] + (hi - int(self.cum[j] - (self.stops[j] - self.starts[j])))
+        out = Runs.__new__(Runs)
+        out._set(starts, stops)
+        return out
 
     def at(self, ordinals: Iterable[int]) -> list[int]:
         """The positions at ``ordinals``, in that order."""
-        out = []
-        for k in ordinals:
-            i = bisect.bisect_right(self.ends, k)
-            a, b = self.runs[i]
-            out.append(a + k - (self.ends[i] - (b - a)))
-        return out
+        return self.at_array(np.asarray(list(ordinals), dtype=np.int64)).tolist()  # type: ignore[no-any-return]
+
+    def at_array(self, ordinals: np.ndarray) -> np.ndarray:
+        """The positions at ``ordinals`` (an int64 array), as an array."""
+        if not ordinals.size:
+            return np.zeros(0, np.int64)
+        i = np.searchsorted(self.cum, ordinals, side="right")
+        first = self.cum - (self.stops - self.starts)  # the ordinal of each run's start
+        return self.starts[i] + ordinals - first[i]  # type: ignore[no-any-return]
 
     def __add__(self, other: Runs) -> Runs:
-        return Runs([*self.runs, *other.runs])
+        return Runs.of_arrays(
+            np.concatenate([self.starts, other.starts]), np.concatenate([self.stops, other.stops])
+        )
 
     def sorted(self) -> Runs:
         """The same positions in increasing order."""
-        return Runs(sorted(self.runs))
+        order = np.lexsort((self.stops, self.starts))
+        return Runs.of_arrays(self.starts[order], self.stops[order])
 
     def circular(self, lo: int, hi: int) -> Runs:
         """Ordinals ``[lo, hi)`` of this sequence repeated end to end (for padding)."""
-        n = len(self)
-        out = Runs()
-        while lo < hi and n:
-            start = lo % n
-            stop = min(n, start + hi - lo)
-            out = out + self.slice(start, stop)
-            lo += stop - start
-        return out
+        return _circular(self, lo, hi)
+
+
+def _circular(seq: Runs | _Left, lo: int, hi: int) -> Runs:
+    n = len(seq)
+    out = Runs()
+    while lo < hi and n:
+        start = lo % n
+        stop = min(n, start + hi - lo)
+        out = out + seq.slice(start, stop)
+        lo += stop - start
+    return out
 
 
 @dataclass(frozen=True)
@@ -258,17 +303,93 @@ def segment_seed(reader_seed: int, segment: int) -> int:
     return reader_seed if segment == 0 else derive_seed([reader_seed, segment])
 
 
-def _first_split(total: int, readers: int, policy: str) -> list[Runs]:
-    if total == 0:
-        return [Runs() for _ in range(readers)]
-    per = per_reader(total, readers, policy)
+class _Pieces:
+    """The pieces of one segment's readers: their lengths known, each piece made when asked.
+
+    ``ordered``: the pieces are disjoint and in position order (piece ``k`` ends before piece
+    ``k + 1`` starts), so the segment's unread positions in order are its readers' in turn.
+    """
+
+    def __init__(self, lengths: list[int], make: Callable[[int], Runs], ordered: bool) -> None:
+        self.lengths = lengths
+        self.ordered = ordered
+        self._make = make
+        self._made: dict[int, Runs] = {}
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> Runs:
+        piece = self._made.get(i)
+        if piece is None:
+            piece = self._made[i] = self._make(i)
+        return piece
+
+
+class _Left:
+    """The positions a segment's readers did not yield, in position order, made on demand.
+
+    With ordered pieces, reader ``r``'s unread positions come before reader ``r + 1``'s: a
+    stretch of ordinals needs the shuffle positions of the few readers it covers only, so a
+    new reader's piece costs O(readers) and not O(readers x shuffle buffer).
+    """
+
+    def __init__(
+        self, pieces: _Pieces, yielded: list[int], seed: Callable[[int], int], shape: Shape
+    ) -> None:
+        self.pieces = pieces
+        self.yielded = yielded
+        self.seed = seed
+        self.shape = shape
+        self.counts = np.asarray(pieces.lengths, np.int64) - np.asarray(yielded, np.int64)
+        self.cum = np.cumsum(self.counts)
+        self._unread: dict[int, Runs] = {}
+
+    def __len__(self) -> int:
+        return int(self.cum[-1]) if self.cum.size else 0
+
+    def unread(self, r: int) -> Runs:
+        """Reader ``r``'s unread positions, sorted."""
+        runs = self._unread.get(r)
+        if runs is None:
+            buffer, rest = _unread(self.pieces[r], self.yielded[r], self.seed(r), self.shape)
+            starts = np.concatenate([buffer, rest.starts])
+            stops = np.concatenate([buffer + 1, rest.stops])
+            order = np.lexsort((stops, starts))
+            runs = self._unread[r] = Runs.of_arrays(starts[order], stops[order])
+        return runs
+
+    def slice(self, lo: int, hi: int) -> Runs:
+        """The positions at ordinals ``[lo, hi)``."""
+        hi = min(hi, len(self))
+        out = Runs()
+        if lo >= hi:
+            return out
+        first = int(np.searchsorted(self.cum, lo, side="right"))
+        last = int(np.searchsorted(self.cum, hi - 1, side="right"))
+        for r in range(first, last + 1):
+            base = int(self.cum[r] - self.counts[r])
+            out = out + self.unread(r).slice(max(lo, base) - base, min(hi, int(self.cum[r])) - base)
+        return out
+
+    def circular(self, lo: int, hi: int) -> Runs:
+        """Ordinals ``[lo, hi)`` of this sequence repeated end to end (for padding)."""
+        return _circular(self, lo, hi)
+
+
+def _first_split(total: int, readers: int, policy: str) -> _Pieces:
+    per = per_reader(total, readers, policy) if total else 0
     whole = Runs([(0, total)])
-    return [whole.circular(i * per, (i + 1) * per) for i in range(readers)]
+    return _Pieces(
+        [per] * readers,
+        lambda i: whole.circular(i * per, (i + 1) * per),
+        ordered=per * readers <= total,
+    )
 
 
 def _split_again(
-    left: Runs, seg: Segment, shape: Shape, policy: str
-) -> tuple[list[Runs], int, int]:
+    left: Runs | _Left, seg: Segment, shape: Shape, policy: str
+) -> tuple[_Pieces, int, int]:
     """Split ``left`` into contiguous pieces for ``seg``'s readers; return (pieces, dropped, padded).
 
     As equal as possible, the extra samples spread over the ranks first; when that would give
@@ -291,31 +412,33 @@ def _split_again(
             sizes, dropped = [base] * n, extra
         else:
             sizes, padded = [base + 1] * n, n - extra
-    pieces, at = [], 0
-    for size in sizes:
-        pieces.append(left.circular(at, at + size))
-        at += size
+    starts = np.cumsum([0, *sizes]).tolist()
+    pieces = _Pieces(
+        sizes,
+        lambda k: left.circular(starts[k], starts[k] + sizes[k]),
+        ordered=starts[-1] <= len(left),
+    )
     return pieces, dropped, padded
 
 
-def _yielded(pieces: list[Runs], seg: Segment, shape: Shape) -> list[int]:
+def _yielded(lengths: list[int], seg: Segment, shape: Shape) -> list[int]:
     """Samples each reader of ``seg`` had yielded (through its shuffle) when ranks stopped."""
     workers = max(seg.num_workers, 1)
     out = []
     for rank in range(seg.world_size):
-        mine = pieces[rank * workers : (rank + 1) * workers]
-        counts = [shape.batches(len(p)) for p in mine]
-        for p, b in zip(mine, worker_batches(seg.consumed, counts), strict=True):
-            out.append(shape.samples(b, len(p)))
+        mine = lengths[rank * workers : (rank + 1) * workers]
+        counts = [shape.batches(n) for n in mine]
+        for n, b in zip(mine, worker_batches(seg.consumed, counts), strict=True):
+            out.append(shape.samples(b, n))
     return out
 
 
-def _unread(piece: Runs, outputs: int, seed: int, shape: Shape) -> tuple[list[int], Runs]:
+def _unread(piece: Runs, outputs: int, seed: int, shape: Shape) -> tuple[np.ndarray, Runs]:
     """A reader's positions not yielded after ``outputs``: (its shuffle buffer, the rest)."""
     if shape.buffer_size is None:
-        return [], piece.slice(outputs, len(piece))
+        return np.zeros(0, np.int64), piece.slice(outputs, len(piece))
     buffer, consumed = shuffle_position(seed, shape.buffer_size, len(piece), outputs)
-    return piece.at(buffer), piece.slice(consumed, len(piece))
+    return piece.at_array(np.asarray(buffer, np.int64)), piece.slice(consumed, len(piece))
 
 
 def reader_plan(
@@ -339,27 +462,33 @@ def reader_plan(
         ValueError: A segment's count is more than its readers had (another graph or data).
     """
     pieces = _first_split(total, segments[0].readers, policy)
-    left = Runs()
+    left: Runs | _Left = Runs()
     dropped = padded = 0
     for s, seg in enumerate(segments):
         if s:
             pieces, dropped, padded = _split_again(left, seg, shape, policy)
-        yielded = _yielded(pieces, seg, shape)
+        yielded = _yielded(pieces.lengths, seg, shape)
         if s == len(segments) - 1:
             workers = max(seg.num_workers, 1)
             rank, worker = divmod(reader, workers)
-            mine = pieces[rank * workers : (rank + 1) * workers]
-            turn = next_worker(seg.consumed, [shape.batches(len(p)) for p in mine])
+            mine = pieces.lengths[rank * workers : (rank + 1) * workers]
+            turn = next_worker(seg.consumed, [shape.batches(n) for n in mine])
             role = rank * workers + (worker + turn) % workers
             seed = segment_seed(reader_seed(seg.path(role)), s)
             buffer, rest = _unread(pieces[role], yielded[role], seed, shape)
-            return ReaderPlan(buffer, rest, seed, yielded[role], dropped, padded)
-        parts = [
-            _unread(p, o, segment_seed(reader_seed(seg.path(i)), s), shape)
-            for i, (p, o) in enumerate(zip(pieces, yielded, strict=True))
-        ]
-        left = Runs(
-            [(p, p + 1) for buffer, rest in parts for p in buffer]
-            + [r for _, rest in parts for r in rest.runs]
-        ).sorted()
+            return ReaderPlan(buffer.tolist(), rest, seed, yielded[role], dropped, padded)
+
+        def seed_of(i: int, s: int = s, seg: Segment = seg) -> int:
+            return segment_seed(reader_seed(seg.path(i)), s)
+
+        if pieces.ordered:
+            left = _Left(pieces, yielded, seed_of, shape)
+            continue
+        # Pieces that wrap around (padding): every reader's buffer and rest, sorted, as arrays.
+        parts = [_unread(pieces[i], o, seed_of(i), shape) for i, o in enumerate(yielded)]
+        buffers = np.concatenate([buffer for buffer, _ in parts])
+        starts = np.concatenate([buffers, *(rest.starts for _, rest in parts)])
+        stops = np.concatenate([buffers + 1, *(rest.stops for _, rest in parts)])
+        order = np.lexsort((stops, starts))
+        left = Runs.of_arrays(starts[order], stops[order])
     raise ValueError("reader_plan needs at least one segment")

@@ -10,18 +10,17 @@ sample range and its byte span, read with one seek or one range request.
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal
 
+import numpy as np
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, _ShardingIterDataPipe
 
 from shardpipes.datapipes.iter._base import register
-from shardpipes.index.document import ShardIndex, ShardInfo, default_index_url, find_index
+from shardpipes.index.document import ShardIndex, default_index_url, find_index
 from shardpipes.plan.epoch import Resume
-from shardpipes.plan.partition import positions_to_ranges
+from shardpipes.plan.partition import EpochLayout
 from shardpipes.plan.readers import POLICIES, per_reader
 from shardpipes.plan.resume import ReaderPlan
 from shardpipes.storage.ranges import ShardRange
@@ -148,61 +147,62 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
             self.per_reader = 0
             return
         index = self._index(urls)
-        shards = [index.shards[index.lookup(u)] for u in urls]
-        counts = [s.num_samples for s in shards]
-        order = list(range(len(urls)))
-        total = sum(counts)
+        # The URLs come in the epoch's order (the shard shuffle is upstream): lay them out as
+        # they come. O(shards) once per epoch; each range is then a bisection.
+        where = index.positions(urls)
+        layout = EpochLayout(index.count_array[where])
+        total = layout.total
         n, i = self.num_of_instances, self.instance_id
         runs: list[tuple[int, int]] = []
         if resume is not None:
             plan = self._resumed(resume, total)
             self.per_reader = plan.samples
-            yield from self._sparse(plan.read_order()[0], urls, shards, counts)
+            yield from self._sparse(plan.read_order()[0], urls, index, where, layout)
             runs = plan.rest.runs
         else:
             per = per_reader(total, n, self.policy)
             runs = [(i * per, (i + 1) * per)] if per else []
             self.per_reader = per
         for a, b in runs:
-            for r in positions_to_ranges(counts, order, a, b):
-                offset, size = shards[r.shard].byte_range(r.start, r.stop)
+            for r in layout.ranges(a, b):
+                offset, size = index.shards[int(where[r.shard])].byte_range(r.start, r.stop)
                 yield ShardRange(urls[r.shard], r.start, r.stop, offset, size)
 
     @staticmethod
     def _sparse(
-        positions: list[int], urls: list[str], shards: list[ShardInfo], counts: list[int]
+        positions: list[int],
+        urls: list[str],
+        index: ShardIndex,
+        where: np.ndarray,
+        layout: EpochLayout,
     ) -> Iterator[ShardRange]:
         """Sparse ranges that read ``positions`` (sorted), in order.
 
         One range per shard, of at most ``_SPARSE_BYTES`` bytes: one open and a seek per
         sample locally, one ``cat_ranges`` call remotely.
         """
-        starts = list(itertools.accumulate(counts, initial=0))
         group: list[int] = []
+        spans: list[tuple[int, int]] = []
         nbytes = 0
         shard = -1
 
         def emit() -> ShardRange:
-            info = shards[shard]
-            spans: list[tuple[int, int]] = []
-            for sample in group:
-                off, size = info.byte_range(sample, sample + 1)
-                if spans and spans[-1][0] + spans[-1][1] == off:
-                    spans[-1] = (spans[-1][0], spans[-1][1] + size)
-                else:
-                    spans.append((off, size))
             size = sum(s for _, s in spans)
             return ShardRange(urls[shard], group[0], group[-1] + 1, spans[0][0], size, tuple(spans))
 
         for pos in positions:
-            where = bisect.bisect_right(starts, pos) - 1
-            sample = pos - starts[where]
-            if group and (where != shard or nbytes >= _SPARSE_BYTES):
+            at, sample = layout.shard_at(pos)
+            if group and (at != shard or nbytes >= _SPARSE_BYTES):
                 yield emit()
-                group, nbytes = [], 0
-            shard = where
+                group, spans, nbytes = [], [], 0
+            shard = at
             group.append(sample)
-            nbytes += shards[where].sizes[sample]
+            off, size = index.shards[int(where[at])].byte_range(sample, sample + 1)
+            if spans and spans[-1][0] + spans[-1][1] == off:
+                spans[-1] = (spans[-1][0], spans[-1][1] + size)
+            else:
+                spans.append((off, size))
+            nbytes += size
         if group:
             yield emit()
 
