@@ -13,10 +13,12 @@ import os
 
 import pytest
 
-from _graphs import sample_id
+from _dist import run_ranks
+from _graphs import id_graph, sample_id
 from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.index import build_index
+from shardpipes.nodes import as_node
 from shardpipes.synthetic import write_synthetic
 
 # --- sharding_by_index -> on_disk_cache ------------------------------------------------------
@@ -64,3 +66,55 @@ def test_cache_after_sharding_by_index_keeps_each_readers_range_s3(s3, tmp_path)
     got = _ids(_cached_graph(urls, index, tmp_path / "cache", so), 2)
     assert len(got) == 120, collections.Counter(got).most_common(3)
     assert sorted(got) == list(range(120))
+
+
+# --- as_node seeds every reader as DataLoader2 does ------------------------------------------
+
+
+def _node_batches(pattern, seed, epochs=2, **kwargs):
+    from torchdata.nodes import Loader
+
+    loader = Loader(as_node(id_graph(pattern), seed=seed, **kwargs))
+    return [[list(b) for b in loader] for _ in range(epochs)]
+
+
+def _dl2_batches(pattern, seed, rs, epochs=2):
+    with DataLoader2(id_graph(pattern), reading_service=rs) as dl:
+        dl.seed(seed)
+        return [[list(b) for b in dl] for _ in range(epochs)]
+
+
+def _interleave(parts):
+    """Round-robin the batches of several readers, as the worker pool delivers them."""
+    out = []
+    for i in range(max(len(p) for p in parts)):
+        out.extend(p[i] for p in parts if i < len(p))
+    return out
+
+
+def test_as_node_seeds_one_worker_as_dataloader2(shard_pattern):
+    want = _dl2_batches(shard_pattern, 5, MultiProcessingReadingService(num_workers=1))
+    assert _node_batches(shard_pattern, 5, worker=0, num_workers=1) == want
+    # ... and no workers: the path without a worker part.
+    assert _node_batches(shard_pattern, 5) == _dl2_batches(shard_pattern, 5, None)
+
+
+def test_as_node_seeds_two_workers_as_dataloader2(shard_pattern):
+    want = _dl2_batches(shard_pattern, 5, MultiProcessingReadingService(num_workers=2))
+    parts = [_node_batches(shard_pattern, 5, worker=w, num_workers=2) for w in range(2)]
+    assert [_interleave([p[e] for p in parts]) for e in range(2)] == want
+
+
+def _one_rank_both_ways(rank, world, pattern):
+    from shardpipes.dataloader2 import DistributedReadingService
+
+    return (
+        _dl2_batches(pattern, 5, DistributedReadingService(timeout=60)),
+        _node_batches(pattern, 5, timeout=60),
+    )
+
+
+@pytest.mark.distributed
+def test_as_node_seeds_a_one_rank_distributed_run_as_dataloader2(shard_pattern):
+    [(via_dl2, via_nodes)] = run_ranks(_one_rank_both_ways, 1, shard_pattern)
+    assert via_nodes == via_dl2

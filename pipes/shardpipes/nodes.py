@@ -30,36 +30,44 @@ __all__ = ["DataPipeNode", "World", "as_node"]
 
 @dataclass(frozen=True)
 class World:
-    """Which reader this process is: ``rank`` of ``world_size``, ``worker`` of ``num_workers``."""
+    """Which reader this process is, as the reading services of ``DataLoader2`` would make it.
+
+    ``rank`` of ``world_size``; ``distributed``: whether a ``DistributedReadingService`` would
+    run it (it spawns the rank into the seed path even on one rank); ``worker`` of
+    ``num_workers`` worker processes (``0``: the rank's own process, no worker part).
+    """
 
     rank: int = 0
     world_size: int = 1
     worker: int = 0
-    num_workers: int = 1
+    num_workers: int = 0
+    distributed: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank({self.rank}) should be in [0, world_size({self.world_size}))")
-        if not 0 <= self.worker < self.num_workers:
+        if self.num_workers < 0 or not 0 <= self.worker < max(self.num_workers, 1):
             raise ValueError(
-                f"worker({self.worker}) should be in [0, num_workers({self.num_workers}))"
+                f"worker({self.worker}) should be in [0, max(num_workers({self.num_workers}), 1))"
             )
 
     @classmethod
     def detect(cls) -> World:
         """Rank and world size from the default ``torch.distributed`` group, if initialised."""
         if dist.is_available() and dist.is_initialized():
-            return cls(rank=dist.get_rank(), world_size=dist.get_world_size())
+            return cls(rank=dist.get_rank(), world_size=dist.get_world_size(), distributed=True)
         return cls()
 
     def seed_generator(self, seed: int, epoch: int) -> EpochPlan:
-        """The generator ``DataLoader2`` would use for this reader (same path: rank, worker)."""
-        gen = EpochPlan(seed, epoch)
-        if self.world_size > 1:
-            gen = gen.spawn(self.rank)
-        if self.num_workers > 1:
-            gen = gen.spawn(self.worker)
-        return gen
+        """The plan ``DataLoader2`` gives this reader (``EpochPlan.for_reader``: one rule)."""
+        return EpochPlan.for_reader(
+            seed,
+            epoch,
+            self.rank,
+            self.worker,
+            distributed=self.distributed,
+            num_workers=self.num_workers,
+        )
 
 
 class DataPipeNode(BaseNode[Any]):  # type: ignore[misc]  # torchdata ships no type hints
@@ -130,7 +138,8 @@ def as_node(
     rank: int | None = None,
     world_size: int | None = None,
     worker: int = 0,
-    num_workers: int = 1,
+    num_workers: int = 0,
+    distributed: bool | None = None,
     seed: int = 0,
     equal_length: Literal["stop", "pad"] | None = "stop",
     timeout: float = 1800,
@@ -148,7 +157,12 @@ def as_node(
         rank: This process's rank. Default: from ``torch.distributed``, else 0.
         world_size: Number of ranks. Default: from ``torch.distributed``, else 1.
         worker: This reader's index among ``num_workers`` on the rank. Default: ``0``.
-        num_workers: Readers per rank sharing the graph. Default: ``1``.
+        num_workers: Readers per rank sharing the graph, as
+            ``MultiProcessingReadingService(num_workers)`` would run them (``0``, the default:
+            the rank reads in its own process; ``1``: one worker, seeded as a worker).
+        distributed: Seed as under ``DistributedReadingService`` (the rank is part of every
+            reader's seed path, even on one rank). Default: when ``torch.distributed`` is
+            initialised or ``world_size > 1``.
         seed: The loader seed. Default: ``0``.
         equal_length: ``"stop"`` (default), ``"pad"``, or ``None`` to skip the synchronisation.
         timeout: Seconds to wait for other ranks when synchronising. Default: ``1800``.
@@ -170,6 +184,9 @@ def as_node(
         world_size=detected.world_size if world_size is None else world_size,
         worker=worker,
         num_workers=num_workers,
+        distributed=(
+            detected.distributed or (world_size or 1) > 1 if distributed is None else distributed
+        ),
     )
     graph = lean_graph(copy.deepcopy(datapipe))
     # apply_sharding configures the graph in place (it returns the same root).
