@@ -17,6 +17,8 @@ from _dist import run_ranks
 from _graphs import id_graph, sample_id
 from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService
 from shardpipes.datapipes.iter import IterableWrapper
+from shardpipes.datapipes.iter.fsspec import MissingShardError
+from shardpipes.storage.open import open_url
 from shardpipes.index import build_index
 from shardpipes.nodes import as_node
 from shardpipes.synthetic import write_synthetic
@@ -118,3 +120,26 @@ def _one_rank_both_ways(rank, world, pattern):
 def test_as_node_seeds_a_one_rank_distributed_run_as_dataloader2(shard_pattern):
     [(via_dl2, via_nodes)] = run_ranks(_one_rank_both_ways, 1, shard_pattern)
     assert via_nodes == via_dl2
+
+
+# --- forked workers must not break the parent's HTTP connections -----------------------------
+
+
+@pytest.mark.http
+def test_forked_workers_leave_the_parents_http_connections_working(http_server, tmp_path):
+    paths = write_synthetic(tmp_path, shards=2, samples=8, payload_bytes=16)
+    urls = [http_server.add(os.path.basename(p), open(p, "rb").read()) for p in paths]  # noqa: SIM115
+    missing = f"{http_server.url}/missing.tar"
+    # The main process reads first: its HTTP filesystem holds a pooled connection.
+    assert len(list(IterableWrapper(urls[:1]).open_files_by_fsspec().load_from_tar())) == 8 * 3
+    dp = IterableWrapper(urls).sharding_filter().open_files_by_fsspec().load_from_tar()
+    rs = MultiProcessingReadingService(num_workers=2, multiprocessing_context="fork")
+    with DataLoader2(dp, reading_service=rs) as dl:
+        assert len(list(dl)) == 2 * 8 * 3
+    before = len(http_server.log.records)
+    # A lost connection would hang until the 3 s request time-out: a ShardReadError about the
+    # time-out, not MissingShardError.
+    with pytest.raises(MissingShardError, match="missing.tar"):
+        open_url(missing, timeout=3, retries=0).read(1)
+    seen = [r.path for r in http_server.log.records[before:]]
+    assert "/missing.tar" in seen, seen
