@@ -18,9 +18,10 @@ from _graphs import id_graph, sample_id
 from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.datapipes.iter.fsspec import MissingShardError
-from shardpipes.storage.open import open_url
+from shardpipes.errors import EmptyEpochWarning
 from shardpipes.index import build_index
 from shardpipes.nodes import as_node
+from shardpipes.storage.open import open_url
 from shardpipes.synthetic import write_synthetic
 
 # --- sharding_by_index -> on_disk_cache ------------------------------------------------------
@@ -143,3 +144,92 @@ def test_forked_workers_leave_the_parents_http_connections_working(http_server, 
         open_url(missing, timeout=3, retries=0).read(1)
     seen = [r.path for r in http_server.log.records[before:]]
     assert "/missing.tar" in seen, seen
+
+
+# --- an epoch of nothing warns ---------------------------------------------------------------
+
+
+def _swallowing(sample):
+    """A map written for torchdata 0.9's streams: every error becomes None."""
+    try:
+        return sample[".missing"]
+    except KeyError:
+        return None
+
+
+def _swallowed_graph(pattern):
+    return (
+        IterableWrapper([pattern])
+        .shard_expand()
+        .sharding_filter()
+        .open_files_by_fsspec()
+        .load_from_tar()
+        .webdataset()
+        .map(_swallowing)
+        .filter(_is_not_none)
+    )
+
+
+def _is_not_none(x):
+    return x is not None
+
+
+TOTAL = 11 + 13 + 17 + 19 + 23 + 29 + 31
+
+
+@pytest.mark.parametrize("workers", [0, 2], ids=["in-process", "2-workers"])
+def test_an_epoch_whose_filter_drops_everything_warns_naming_it(shard_pattern, workers):
+    rs = MultiProcessingReadingService(num_workers=workers) if workers else None
+    with DataLoader2(_swallowed_graph(shard_pattern), reading_service=rs) as dl:
+        with pytest.warns(EmptyEpochWarning, match=f"filter received {TOTAL} items") as got:
+            assert list(dl) == []
+    assert len([w for w in got if issubclass(w.category, EmptyEpochWarning)]) == 1
+
+
+def _broken(data):
+    raise ValueError("no")
+
+
+def test_a_handler_that_skips_every_sample_is_named(shard_pattern):
+    dp = (
+        IterableWrapper([shard_pattern])
+        .shard_expand()
+        .open_files_by_fsspec()
+        .load_from_tar()
+        .webdataset()
+        .decode(decoders={"bin": _broken}, handler="skip")
+    )
+    with DataLoader2(dp) as dl:
+        with pytest.warns(
+            EmptyEpochWarning, match=f"decode received {TOTAL} items and skipped all of them"
+        ):
+            assert list(dl) == []
+
+
+def test_an_empty_source_warns():
+    with DataLoader2(IterableWrapper([]).map(str)) as dl:
+        with pytest.warns(EmptyEpochWarning, match="epoch 0 yielded no items.*IterableWrapper"):
+            assert list(dl) == []
+
+
+def test_a_stage_that_drops_all_it_received_warns_even_if_others_yield():
+    dp = IterableWrapper(range(10)).filter(_is_negative).concat(IterableWrapper([7]))
+    with DataLoader2(dp) as dl:
+        with pytest.warns(EmptyEpochWarning, match="filter received 10 items and dropped all"):
+            assert list(dl) == [7]
+
+
+def _is_negative(x):
+    return x < 0
+
+
+def test_the_nodes_path_warns_too():
+    from torchdata.nodes import Loader
+
+    with pytest.warns(EmptyEpochWarning, match="filter received 10 items"):
+        assert list(Loader(as_node(IterableWrapper(range(10)).filter(_is_negative)))) == []
+
+
+def test_an_epoch_with_items_does_not_warn(shard_pattern):
+    with DataLoader2(IterableWrapper(range(10)).filter(bool)) as dl:
+        assert list(dl) == list(range(1, 10))  # ShardpipesWarning is an error in tests

@@ -21,6 +21,7 @@ from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torch.utils.data.graph_settings import apply_sharding
 from torchdata.nodes import BaseNode
 
+from shardpipes.dataloader2._stats import check_epoch, flow_stages, read_flows, source_of_graph
 from shardpipes.dataloader2.graph import apply_epoch_plan, lean_graph
 from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe, gloo_group
 from shardpipes.plan.epoch import EpochPlan
@@ -88,6 +89,9 @@ class DataPipeNode(BaseNode[Any]):  # type: ignore[misc]  # torchdata ships no t
         self._epoch = 0
         self._consumed = 0
         self._it: Iterator[Any] | None = None
+        self._flow_stages = flow_stages(datapipe)  # filters and handlers: the empty-epoch check
+        self._source = source_of_graph(datapipe)
+        self._flows_before: list[Any] | None = None
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start the next epoch, or continue from ``initial_state``."""
@@ -106,6 +110,7 @@ class DataPipeNode(BaseNode[Any]):  # type: ignore[misc]  # torchdata ships no t
         self._epoch = self._next_epoch
         self._next_epoch += 1
         apply_epoch_plan(self.datapipe, self.world.seed_generator(self.seed, self._epoch))
+        self._flows_before = read_flows(self._flow_stages) if not skip else None
         self._it = iter(self.datapipe)
         self._consumed = 0
         for _ in itertools.islice(self._it, skip):
@@ -119,7 +124,14 @@ class DataPipeNode(BaseNode[Any]):  # type: ignore[misc]  # torchdata ships no t
         """Return the next item of the epoch."""
         if self._it is None:
             raise RuntimeError("reset() was not called")
-        item = next(self._it)
+        try:
+            item = next(self._it)
+        except StopIteration:
+            before, self._flows_before = self._flows_before, None
+            if before is not None:  # a whole epoch (not a replayed one): did it yield anything?
+                after = read_flows(self._flow_stages)
+                check_epoch(self._epoch, self._consumed, before, after, self._source)
+            raise
         self._consumed += 1
         return item
 

@@ -1,17 +1,34 @@
-"""Counting what the stages of a graph skipped, wherever they ran."""
+"""Counting what the stages of a graph skipped and dropped, wherever they ran."""
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from torch.utils.data import IterDataPipe
 
 from shardpipes.dataloader2.graph import stages_of
+from shardpipes.datapipes.iter._lean import LeanFilterIterDataPipe
+from shardpipes.errors import EmptyEpochWarning
 from shardpipes.handlers import SkipStats
 
-__all__ = ["graph_skips", "merge_skips", "skip_counters", "skips_from_dict", "skips_to_dict"]
+__all__ = [
+    "StageFlow",
+    "check_epoch",
+    "describe",
+    "flow_stages",
+    "flows_to_list",
+    "graph_skips",
+    "merge_flows",
+    "merge_skips",
+    "read_flows",
+    "skip_counters",
+    "skips_from_dict",
+    "skips_to_dict",
+    "source_of_graph",
+]
 
 
 def skip_counters(datapipe: IterDataPipe[Any]) -> list[SkipStats]:
@@ -45,3 +62,128 @@ def merge_skips(parts: Iterable[SkipStats]) -> SkipStats:
     for part in parts:
         total.merge(part)
     return total
+
+
+# --- what the stages that can drop items received and dropped --------------------------------
+#
+# An epoch of nothing must not pass silently (a map that swallows errors, a filter that
+# rejects everything, a handler that skips every sample). Counting costs nothing on the hot
+# path: only the stages that can drop items count, ``filter`` (two local additions per item,
+# added to its totals when an iteration ends) and the stages with a handler (their ``skipped``
+# counters); the loader compares the totals at the start and end of each epoch.
+
+
+@dataclasses.dataclass(frozen=True)
+class StageFlow:
+    """Totals of one stage that can drop items: its name, what it received (if it counts) and dropped."""
+
+    name: str
+    received: int | None
+    dropped: int
+    unit: str = "items"
+
+
+def _functional_names() -> dict[type, str]:
+    names: dict[type, str] = {LeanFilterIterDataPipe: "filter"}
+    for name, fn in IterDataPipe.functions.items():
+        args = getattr(fn, "args", None)
+        cls = args[0] if args else None
+        if isinstance(cls, type):
+            names.setdefault(cls, name)
+    return names
+
+
+def describe(dp: Any) -> str:
+    """A stage's functional name (``filter``, ``decode``) or, without one, its class name."""
+    return _functional_names().get(type(dp), type(dp).__name__)
+
+
+def flow_stages(datapipe: IterDataPipe[Any]) -> list[Any]:
+    """The stages of ``datapipe`` that can drop items and count it, from the output (find once)."""
+    return [
+        dp
+        for dp in stages_of(datapipe)
+        if isinstance(dp, LeanFilterIterDataPipe)
+        or isinstance(getattr(dp, "skipped", None), SkipStats)
+    ]
+
+
+def read_flows(stages: Iterable[Any]) -> list[StageFlow]:
+    """The current totals of ``stages`` (from :func:`flow_stages`)."""
+    out = []
+    for dp in stages:
+        if isinstance(dp, LeanFilterIterDataPipe):
+            out.append(StageFlow(describe(dp), dp.received, dp.received - dp.kept))
+        else:
+            skipped: SkipStats = dp.skipped
+            unit = "shards" if skipped.shards and not skipped.samples else "items"
+            out.append(StageFlow(describe(dp), None, skipped.samples + skipped.shards, unit))
+    return out
+
+
+def flows_to_list(flows: Iterable[StageFlow]) -> list[list[Any]]:
+    """A plain, picklable form of ``flows`` (sent from workers with their snapshots)."""
+    return [[f.name, f.received, f.dropped, f.unit] for f in flows]
+
+
+def merge_flows(parts: Iterable[list[list[Any]]]) -> list[StageFlow]:
+    """Add the totals of several copies of one graph (the workers'), stage by stage."""
+    total: list[StageFlow] = []
+    for part in parts:
+        for i, (name, received, dropped, unit) in enumerate(part):
+            if i == len(total):
+                total.append(StageFlow(name, received, dropped, unit))
+                continue
+            have = total[i]
+            both = None if have.received is None or received is None else have.received + received
+            total[i] = StageFlow(name, both, have.dropped + dropped, unit)
+    return total
+
+
+def source_of_graph(datapipe: IterDataPipe[Any]) -> str:
+    """The graph's source stage, with its length when it has one (for the empty-epoch warning)."""
+    source = stages_of(datapipe)[-1]
+    try:
+        size = f" holds {len(source)} items"
+    except TypeError:
+        size = ""
+    return f"its source {describe(source)}{size}"
+
+
+def check_epoch(
+    epoch: int,
+    yielded: int,
+    before: list[StageFlow],
+    after: list[StageFlow],
+    source: str,
+) -> None:
+    """Warn once if the epoch yielded nothing, or a stage dropped all it received this epoch."""
+    deltas = []
+    for i, end in enumerate(after):
+        start = before[i] if i < len(before) and before[i].name == end.name else None
+        received = end.received
+        if received is not None and start is not None and start.received is not None:
+            received -= start.received
+        dropped = end.dropped - (start.dropped if start is not None else 0)
+        deltas.append(StageFlow(end.name, received, dropped, end.unit))
+    if yielded == 0:
+        culprit = next((d for d in deltas if d.dropped), None)  # the nearest to the output
+        if culprit is None:
+            why = f"no filter or handler dropped anything; {source}"
+        elif culprit.received is None:
+            why = (
+                f"{culprit.name} received {culprit.dropped} {culprit.unit} and skipped all of "
+                "them under its handler"
+            )
+        else:
+            why = f"{culprit.name} received {culprit.received} items and dropped all of them"
+        message = f"epoch {epoch} yielded no items: {why}"
+    else:
+        culprit = next((d for d in deltas if d.received and d.dropped == d.received), None)
+        if culprit is None:
+            return
+        message = (
+            f"epoch {epoch}: {culprit.name} received {culprit.received} items and dropped all of "
+            "them (the items after it came from another branch of the graph)"
+        )
+    warnings.warn(message, EmptyEpochWarning, stacklevel=4)

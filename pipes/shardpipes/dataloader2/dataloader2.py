@@ -12,6 +12,7 @@ from typing import Any, Generic, TypeVar
 import torch.distributed as dist
 from torch.utils.data import IterDataPipe
 
+from shardpipes.dataloader2._stats import check_epoch
 from shardpipes.dataloader2.graph import carries_across_epochs, lean_graph, resume_shape
 from shardpipes.dataloader2.reading_service import (
     DistributedReadingService,
@@ -159,6 +160,9 @@ class DataLoader2(Generic[T]):
     ) -> Generator[T, None, None]:
         self._skipped_at_start = _skipped(self.reading_service)
         self.reading_service.initialize_iteration(generator)
+        fresh = not skip and not generator.resume  # a whole epoch: check it yields something
+        before = self.reading_service.flows() if fresh else None
+        yielded = 0
         try:
             it = iter(graph)
             # Replay: the epoch is deterministic, so the items after the first `skip` are
@@ -170,9 +174,13 @@ class DataLoader2(Generic[T]):
                 )
             for item in it:
                 self._consumed += 1
+                yielded += 1
                 yield item
             self._current = None  # the epoch is complete
             self._log_epoch(generator.epoch)
+            after = self.reading_service.flows() if before is not None else None
+            if before is not None and after is not None:
+                check_epoch(generator.epoch, yielded, before[0], after[0], after[1])
         finally:
             self.reading_service.finalize_iteration()
 

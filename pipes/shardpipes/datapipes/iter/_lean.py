@@ -140,14 +140,25 @@ class LeanFilterIterDataPipe(StageIterDataPipe[T]):
     def __init__(self, datapipe: IterDataPipe[T], filter_fn: Callable[[T], bool]) -> None:
         self.datapipe = datapipe
         self.filter_fn = filter_fn
+        # Items received and kept over all iterations, added when an iteration ends: the
+        # loader warns of a filter that dropped everything (two local additions per item).
+        self.received = 0
+        self.kept = 0
 
     def __iter__(self) -> Iterator[T]:
         fn = self.filter_fn
-        for x in self.datapipe:
-            keep = fn(x)
-            if not isinstance(keep, bool):
-                raise ValueError(
-                    f"Boolean output is required for `filter_fn` of FilterIterDataPipe, got {type(keep)}"
-                )
-            if keep:
-                yield x
+        received = kept = 0
+        try:
+            for x in self.datapipe:
+                received += 1
+                keep = fn(x)
+                if not isinstance(keep, bool):
+                    raise ValueError(
+                        f"Boolean output is required for `filter_fn` of FilterIterDataPipe, got {type(keep)}"
+                    )
+                if keep:
+                    kept += 1
+                    yield x
+        finally:
+            self.received += received
+            self.kept += kept
