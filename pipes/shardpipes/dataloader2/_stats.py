@@ -64,22 +64,27 @@ def merge_skips(parts: Iterable[SkipStats]) -> SkipStats:
     return total
 
 
-# --- what the stages that can drop items received and dropped --------------------------------
+# --- what the stages that can drop items dropped -----------------------------------------------
 #
 # An epoch of nothing must not pass silently (a map that swallows errors, a filter that
 # rejects everything, a handler that skips every sample). Counting costs nothing on the hot
-# path: only the stages that can drop items count, ``filter`` (two local additions per item,
-# added to its totals when an iteration ends) and the stages with a handler (their ``skipped``
-# counters); the loader compares the totals at the start and end of each epoch.
+# path: only the stages that can drop items count, and only what they drop: ``filter``
+# (dropped items, and iterations that passed anything on) and the stages with a handler
+# (their ``skipped`` counters). The loader compares the totals at the start and end of each
+# epoch.
 
 
 @dataclasses.dataclass(frozen=True)
 class StageFlow:
-    """Totals of one stage that can drop items: its name, what it received (if it counts) and dropped."""
+    """Totals of one stage that can drop items.
+
+    ``dropped``: items (or shards) dropped; ``passing``: iterations that passed at least one
+    item on (``None`` for a stage that does not count it); ``unit``: what ``dropped`` counts.
+    """
 
     name: str
-    received: int | None
     dropped: int
+    passing: int | None
     unit: str = "items"
 
 
@@ -113,30 +118,30 @@ def read_flows(stages: Iterable[Any]) -> list[StageFlow]:
     out = []
     for dp in stages:
         if isinstance(dp, LeanFilterIterDataPipe):
-            out.append(StageFlow(describe(dp), dp.received, dp.received - dp.kept))
+            out.append(StageFlow(describe(dp), dp.dropped, dp.passing))
         else:
             skipped: SkipStats = dp.skipped
             unit = "shards" if skipped.shards and not skipped.samples else "items"
-            out.append(StageFlow(describe(dp), None, skipped.samples + skipped.shards, unit))
+            out.append(StageFlow(describe(dp), skipped.samples + skipped.shards, None, unit))
     return out
 
 
 def flows_to_list(flows: Iterable[StageFlow]) -> list[list[Any]]:
-    """A plain, picklable form of ``flows`` (sent from workers with their snapshots)."""
-    return [[f.name, f.received, f.dropped, f.unit] for f in flows]
+    """A plain, picklable form of ``flows`` (sent from workers at the end of each epoch)."""
+    return [[f.name, f.dropped, f.passing, f.unit] for f in flows]
 
 
 def merge_flows(parts: Iterable[list[list[Any]]]) -> list[StageFlow]:
     """Add the totals of several copies of one graph (the workers'), stage by stage."""
     total: list[StageFlow] = []
     for part in parts:
-        for i, (name, received, dropped, unit) in enumerate(part):
+        for i, (name, dropped, passing, unit) in enumerate(part):
             if i == len(total):
-                total.append(StageFlow(name, received, dropped, unit))
+                total.append(StageFlow(name, dropped, passing, unit))
                 continue
             have = total[i]
-            both = None if have.received is None or received is None else have.received + received
-            total[i] = StageFlow(name, both, have.dropped + dropped, unit)
+            both = None if have.passing is None or passing is None else have.passing + passing
+            total[i] = StageFlow(name, have.dropped + dropped, both, unit)
     return total
 
 
@@ -161,29 +166,34 @@ def check_epoch(
     deltas = []
     for i, end in enumerate(after):
         start = before[i] if i < len(before) and before[i].name == end.name else None
-        received = end.received
-        if received is not None and start is not None and start.received is not None:
-            received -= start.received
         dropped = end.dropped - (start.dropped if start is not None else 0)
-        deltas.append(StageFlow(end.name, received, dropped, end.unit))
+        passing = end.passing
+        if passing is not None and start is not None and start.passing is not None:
+            passing -= start.passing
+        deltas.append(StageFlow(end.name, dropped, passing, end.unit))
+    # A stage dropped all it received: it dropped some and passed nothing on (for a stage that
+    # does not count what it passes, only known when nothing reached the output).
+    all_dropped = [
+        d for d in deltas if d.dropped and (d.passing == 0 or (d.passing is None and not yielded))
+    ]
     if yielded == 0:
         culprit = next((d for d in deltas if d.dropped), None)  # the nearest to the output
-        if culprit is None:
-            why = f"no filter or handler dropped anything; {source}"
-        elif culprit.received is None:
+        if culprit is None or culprit not in all_dropped:
+            why = f"no filter or handler dropped everything; {source}"
+        elif culprit.passing is None:
             why = (
                 f"{culprit.name} received {culprit.dropped} {culprit.unit} and skipped all of "
                 "them under its handler"
             )
         else:
-            why = f"{culprit.name} received {culprit.received} items and dropped all of them"
+            why = f"{culprit.name} received {culprit.dropped} items and dropped all of them"
         message = f"epoch {epoch} yielded no items: {why}"
-    else:
-        culprit = next((d for d in deltas if d.received and d.dropped == d.received), None)
-        if culprit is None:
-            return
+    elif all_dropped:
+        culprit = all_dropped[0]
         message = (
-            f"epoch {epoch}: {culprit.name} received {culprit.received} items and dropped all of "
+            f"epoch {epoch}: {culprit.name} received {culprit.dropped} items and dropped all of "
             "them (the items after it came from another branch of the graph)"
         )
+    else:
+        return
     warnings.warn(message, EmptyEpochWarning, stacklevel=4)
