@@ -233,3 +233,38 @@ def test_the_nodes_path_warns_too():
 def test_an_epoch_with_items_does_not_warn(shard_pattern):
     with DataLoader2(IterableWrapper(range(10)).filter(bool)) as dl:
         assert list(dl) == list(range(1, 10))  # ShardpipesWarning is an error in tests
+
+
+# --- found by the guarantee matrix: prefetch finalised on another thread must not join ------
+
+
+def test_prefetch_closed_from_another_thread_does_not_wait_for_its_producer():
+    """The garbage collector may finalise an abandoned prefetch in any thread, even fsspec's
+    event-loop thread, which the producer (reading a remote shard) waits on: joining the
+    producer there deadlocked the matrix (prefetch + HTTP/S3 + an abandoned epoch)."""
+    import threading
+
+    release = threading.Event()
+    closed = threading.Event()
+
+    def source():
+        yield 1
+        release.wait()  # the producer is busy, as one waiting on the event loop would be
+        yield 2
+
+    it = iter(IterableWrapper(_Source(source)).prefetch(1))
+    assert next(it) == 1
+    closer = threading.Thread(target=lambda: (it.close(), closed.set()), daemon=True)
+    closer.start()
+    try:
+        assert closed.wait(30), "close() from another thread waited for the busy producer"
+    finally:
+        release.set()
+
+
+class _Source:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __iter__(self):
+        return self.fn()
