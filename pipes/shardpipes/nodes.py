@@ -22,7 +22,7 @@ from torch.utils.data.graph_settings import apply_sharding
 from torchdata.nodes import BaseNode
 
 from shardpipes.dataloader2._stats import check_epoch, flow_stages, read_flows, source_of_graph
-from shardpipes.dataloader2.graph import apply_epoch_plan, lean_graph
+from shardpipes.dataloader2.graph import apply_epoch_plan, carries_across_epochs, lean_graph
 from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe, gloo_group
 from shardpipes.plan.epoch import EpochPlan
 
@@ -130,7 +130,10 @@ class DataPipeNode(BaseNode[Any]):  # type: ignore[misc]  # torchdata ships no t
             before, self._flows_before = self._flows_before, None
             if before is not None:  # a whole epoch (not a replayed one): did it yield anything?
                 after = read_flows(self._flow_stages)
-                check_epoch(self._epoch, self._consumed, before, after, self._source)
+                carried = carries_across_epochs(self.datapipe)
+                check_epoch(
+                    self._epoch, self._consumed, before, after, self._source, carried=carried
+                )
             raise
         self._consumed += 1
         return item

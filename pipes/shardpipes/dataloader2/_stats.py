@@ -161,8 +161,15 @@ def check_epoch(
     before: list[StageFlow],
     after: list[StageFlow],
     source: str,
+    *,
+    carried: bool = False,
 ) -> None:
-    """Warn once if the epoch yielded nothing, or a stage dropped all it received this epoch."""
+    """Warn once if the epoch yielded nothing, or a stage dropped all it received this epoch.
+
+    ``carried``: a stage of the graph (``fixed_length``) continues its source's iteration
+    from one epoch into the next, so a filter's iteration spans epochs and only an epoch of
+    nothing is checked.
+    """
     deltas = []
     for i, end in enumerate(after):
         start = before[i] if i < len(before) and before[i].name == end.name else None
@@ -188,7 +195,7 @@ def check_epoch(
         else:
             why = f"{culprit.name} received {culprit.dropped} items and dropped all of them"
         message = f"epoch {epoch} yielded no items: {why}"
-    elif all_dropped:
+    elif all_dropped and not carried:
         culprit = all_dropped[0]
         message = (
             f"epoch {epoch}: {culprit.name} received {culprit.dropped} items and dropped all of "

@@ -180,7 +180,10 @@ class DataLoader2(Generic[T]):
             self._log_epoch(generator.epoch)
             after = self.reading_service.flows() if before is not None else None
             if before is not None and after is not None:
-                check_epoch(generator.epoch, yielded, before[0], after[0], after[1])
+                carried = carries_across_epochs(self.datapipe)
+                check_epoch(
+                    generator.epoch, yielded, before[0], after[0], after[1], carried=carried
+                )
         finally:
             self.reading_service.finalize_iteration()
 
