@@ -359,3 +359,45 @@ def test_guarantees_sample(case, shard_files, tmp_path, request):
 )
 def test_guarantees_matrix(case, shard_files, tmp_path, request):
     _run_and_check(case, shard_files, tmp_path, request)
+
+
+# --- what is refused ----------------------------------------------------------------------------
+
+
+def _unsupported(shape: str, env: dict[str, Any]) -> Any:
+    urls, index = env["urls"], env["index"]
+    dp = IterableWrapper(urls)
+    if shape == "cache-before-index":
+        dp = dp.on_disk_cache(env["cache"]).sharding_by_index(index)
+    elif shape == "index-twice":
+        dp = dp.sharding_by_index(index).sharding_by_index(index)
+    elif shape in ("filter-twice", "index-then-samples"):
+        dp = dp.sharding_filter() if shape == "filter-twice" else dp.sharding_by_index(index)
+    dp = dp.open_files_by_fsspec().load_from_tar().webdataset()
+    if shape in ("filter-twice", "index-then-samples"):
+        dp = dp.sharding_filter()
+    return dp.map(sample_id)
+
+
+REFUSED = {
+    "filter-twice": r"shards twice on one path \(sharding_filter\(\) after sharding_filter\(\)\).*keep one",
+    "index-then-samples": r"shards twice on one path \(sharding_filter\(\) after sharding_by_index\(\)\)",
+    "index-twice": r"shards twice on one path \(sharding_by_index\(\) after sharding_by_index\(\)\)",
+    "cache-before-index": r"on_disk_cache\(\) before sharding_by_index\(\).*put on_disk_cache\(\) after",
+}
+
+
+@pytest.mark.parametrize("loader", ["inproc", "mp2", "nodes"])
+@pytest.mark.parametrize("shape", sorted(REFUSED))
+def test_unsupported_combinations_are_refused(shape, loader, shard_files, tmp_path, request):
+    case = Case("index", loader, "local", "drop", frozenset(), 0)
+    env = _env(case, shard_files, tmp_path, request)
+    dp = _unsupported(shape, env)
+    with pytest.raises(ValueError, match=REFUSED[shape]):
+        if loader == "nodes":
+            from shardpipes.nodes import as_node
+
+            as_node(dp)
+        else:
+            with DataLoader2(dp, reading_service=service(case)) as dl:
+                iter(dl)

@@ -22,7 +22,12 @@ from torch.utils.data.graph_settings import apply_sharding
 from torchdata.nodes import BaseNode
 
 from shardpipes.dataloader2._stats import check_epoch, flow_stages, read_flows, source_of_graph
-from shardpipes.dataloader2.graph import apply_epoch_plan, carries_across_epochs, lean_graph
+from shardpipes.dataloader2.graph import (
+    apply_epoch_plan,
+    carries_across_epochs,
+    lean_graph,
+    refuse_unsupported,
+)
 from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe, gloo_group
 from shardpipes.plan.epoch import EpochPlan
 
@@ -203,6 +208,7 @@ def as_node(
             detected.distributed or (world_size or 1) > 1 if distributed is None else distributed
         ),
     )
+    refuse_unsupported(datapipe)
     graph = lean_graph(copy.deepcopy(datapipe))
     # apply_sharding configures the graph in place (it returns the same root).
     if world.world_size > 1:

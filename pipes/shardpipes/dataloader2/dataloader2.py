@@ -13,7 +13,12 @@ import torch.distributed as dist
 from torch.utils.data import IterDataPipe
 
 from shardpipes.dataloader2._stats import check_epoch
-from shardpipes.dataloader2.graph import carries_across_epochs, lean_graph, resume_shape
+from shardpipes.dataloader2.graph import (
+    carries_across_epochs,
+    lean_graph,
+    refuse_unsupported,
+    resume_shape,
+)
 from shardpipes.dataloader2.reading_service import (
     DistributedReadingService,
     InProcessReadingService,
@@ -144,6 +149,7 @@ class DataLoader2(Generic[T]):
             self._active.close()  # an abandoned epoch: finalise it before the next begins
             self._active = None
         if self._graph is None:
+            refuse_unsupported(self.datapipe)  # before any reader starts
             self._graph = self.reading_service.initialize(lean_graph(copy.deepcopy(self.datapipe)))
         generator = EpochPlan(self._seed, self._epoch, resume=self._resume)
         self._epoch += 1
