@@ -4,7 +4,7 @@ A seeded enumerator makes graphs over the supported shapes (``sharding_filter`` 
 on samples, ``sharding_by_index``; with or without a shard shuffle, a sample shuffle,
 ``on_disk_cache``, ``prefetch``, ``threadpool_map``, ``filter``, ``fixed_length``,
 ``batch``/``unbatch``, ``fullsync``), runs each under a loader (in-process, 1 to 3 worker
-processes, 1 to 3 gloo ranks, ``as_node``) over a transport (local files, S3 on moto, HTTP)
+processes, 1 to 3 gloo ranks, 2 ranks x 2 workers, ``as_node``) over a transport (local files, S3 on moto, HTTP)
 with a policy, and checks:
 
 - every sample once per epoch where that is promised (one reader per rank without an index,
@@ -38,6 +38,7 @@ from shardpipes.dataloader2 import (
     DataLoader2,
     DistributedReadingService,
     MultiProcessingReadingService,
+    SequentialReadingService,
 )
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.index import build_index
@@ -48,7 +49,7 @@ TOTAL = sum(COUNTS)
 BATCH = 4
 FIXED = 6  # fixed_length(FIXED) items per reader
 SHARDINGS = ("shards", "samples", "index")
-LOADERS = ("inproc", "mp1", "mp2", "mp3", "nodes", "dist1", "dist2", "dist3")
+LOADERS = ("inproc", "mp1", "mp2", "mp3", "nodes", "dist1", "dist2", "dist3", "dist2x2")
 TRANSPORTS = ("local", "s3", "http")
 OPTIONS = (
     "shard_shuffle",
@@ -82,10 +83,12 @@ class Case:
 
     @property
     def ranks(self) -> int:
-        return int(self.loader[4:]) if self.loader.startswith("dist") else 1
+        return int(self.loader[4:].split("x")[0]) if self.loader.startswith("dist") else 1
 
     @property
     def workers(self) -> int:
+        if self.loader.startswith("dist"):
+            return int(self.loader.split("x")[1]) if "x" in self.loader else 0
         return int(self.loader[2:]) if self.loader.startswith("mp") else 0
 
     @property
@@ -205,7 +208,11 @@ def graph(case: Case, env: dict[str, Any]) -> Any:
 def service(case: Case) -> Any:
     policy = "pad" if case.policy == "pad" else "stop"
     if case.loader.startswith("dist"):
-        return DistributedReadingService(timeout=60, policy=policy)
+        dist = DistributedReadingService(timeout=60, policy=policy)
+        if not case.workers:
+            return dist
+        mp = MultiProcessingReadingService(case.workers, multiprocessing_context="fork")
+        return SequentialReadingService(dist, mp)
     if case.loader.startswith("mp"):
         return MultiProcessingReadingService(case.workers, multiprocessing_context="fork")
     return None
