@@ -15,6 +15,7 @@ import errno
 
 __all__ = [
     "DecodeError",
+    "EmptyEpochWarning",
     "SampleFormatError",
     "ShardFormatError",
     "ShardReadError",
@@ -134,3 +135,7 @@ class SkippedInputWarning(ShardpipesWarning):
 
 class ShardingWarning(ShardpipesWarning):
     """The graph is not split across readers as intended (for example no ``sharding_filter``)."""
+
+
+class EmptyEpochWarning(ShardpipesWarning):
+    """An epoch yielded nothing, or a stage dropped everything it received; the message names it."""

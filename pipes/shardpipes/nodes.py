@@ -21,7 +21,13 @@ from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torch.utils.data.graph_settings import apply_sharding
 from torchdata.nodes import BaseNode
 
-from shardpipes.dataloader2.graph import apply_epoch_plan, lean_graph
+from shardpipes.dataloader2._stats import check_epoch, flow_stages, read_flows, source_of_graph
+from shardpipes.dataloader2.graph import (
+    apply_epoch_plan,
+    carries_across_epochs,
+    lean_graph,
+    refuse_unsupported,
+)
 from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe, gloo_group
 from shardpipes.plan.epoch import EpochPlan
 
@@ -30,36 +36,44 @@ __all__ = ["DataPipeNode", "World", "as_node"]
 
 @dataclass(frozen=True)
 class World:
-    """Which reader this process is: ``rank`` of ``world_size``, ``worker`` of ``num_workers``."""
+    """Which reader this process is, as the reading services of ``DataLoader2`` would make it.
+
+    ``rank`` of ``world_size``; ``distributed``: whether a ``DistributedReadingService`` would
+    run it (it spawns the rank into the seed path even on one rank); ``worker`` of
+    ``num_workers`` worker processes (``0``: the rank's own process, no worker part).
+    """
 
     rank: int = 0
     world_size: int = 1
     worker: int = 0
-    num_workers: int = 1
+    num_workers: int = 0
+    distributed: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank({self.rank}) should be in [0, world_size({self.world_size}))")
-        if not 0 <= self.worker < self.num_workers:
+        if self.num_workers < 0 or not 0 <= self.worker < max(self.num_workers, 1):
             raise ValueError(
-                f"worker({self.worker}) should be in [0, num_workers({self.num_workers}))"
+                f"worker({self.worker}) should be in [0, max(num_workers({self.num_workers}), 1))"
             )
 
     @classmethod
     def detect(cls) -> World:
         """Rank and world size from the default ``torch.distributed`` group, if initialised."""
         if dist.is_available() and dist.is_initialized():
-            return cls(rank=dist.get_rank(), world_size=dist.get_world_size())
+            return cls(rank=dist.get_rank(), world_size=dist.get_world_size(), distributed=True)
         return cls()
 
     def seed_generator(self, seed: int, epoch: int) -> EpochPlan:
-        """The generator ``DataLoader2`` would use for this reader (same path: rank, worker)."""
-        gen = EpochPlan(seed, epoch)
-        if self.world_size > 1:
-            gen = gen.spawn(self.rank)
-        if self.num_workers > 1:
-            gen = gen.spawn(self.worker)
-        return gen
+        """The plan ``DataLoader2`` gives this reader (``EpochPlan.for_reader``: one rule)."""
+        return EpochPlan.for_reader(
+            seed,
+            epoch,
+            self.rank,
+            self.worker,
+            distributed=self.distributed,
+            num_workers=self.num_workers,
+        )
 
 
 class DataPipeNode(BaseNode[Any]):  # type: ignore[misc]  # torchdata ships no type hints
@@ -80,6 +94,9 @@ class DataPipeNode(BaseNode[Any]):  # type: ignore[misc]  # torchdata ships no t
         self._epoch = 0
         self._consumed = 0
         self._it: Iterator[Any] | None = None
+        self._flow_stages = flow_stages(datapipe)  # filters and handlers: the empty-epoch check
+        self._source = source_of_graph(datapipe)
+        self._flows_before: list[Any] | None = None
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start the next epoch, or continue from ``initial_state``."""
@@ -98,6 +115,7 @@ class DataPipeNode(BaseNode[Any]):  # type: ignore[misc]  # torchdata ships no t
         self._epoch = self._next_epoch
         self._next_epoch += 1
         apply_epoch_plan(self.datapipe, self.world.seed_generator(self.seed, self._epoch))
+        self._flows_before = read_flows(self._flow_stages) if not skip else None
         self._it = iter(self.datapipe)
         self._consumed = 0
         for _ in itertools.islice(self._it, skip):
@@ -111,7 +129,17 @@ class DataPipeNode(BaseNode[Any]):  # type: ignore[misc]  # torchdata ships no t
         """Return the next item of the epoch."""
         if self._it is None:
             raise RuntimeError("reset() was not called")
-        item = next(self._it)
+        try:
+            item = next(self._it)
+        except StopIteration:
+            before, self._flows_before = self._flows_before, None
+            if before is not None:  # a whole epoch (not a replayed one): did it yield anything?
+                after = read_flows(self._flow_stages)
+                carried = carries_across_epochs(self.datapipe)
+                check_epoch(
+                    self._epoch, self._consumed, before, after, self._source, carried=carried
+                )
+            raise
         self._consumed += 1
         return item
 
@@ -130,7 +158,8 @@ def as_node(
     rank: int | None = None,
     world_size: int | None = None,
     worker: int = 0,
-    num_workers: int = 1,
+    num_workers: int = 0,
+    distributed: bool | None = None,
     seed: int = 0,
     equal_length: Literal["stop", "pad"] | None = "stop",
     timeout: float = 1800,
@@ -148,7 +177,12 @@ def as_node(
         rank: This process's rank. Default: from ``torch.distributed``, else 0.
         world_size: Number of ranks. Default: from ``torch.distributed``, else 1.
         worker: This reader's index among ``num_workers`` on the rank. Default: ``0``.
-        num_workers: Readers per rank sharing the graph. Default: ``1``.
+        num_workers: Readers per rank sharing the graph, as
+            ``MultiProcessingReadingService(num_workers)`` would run them (``0``, the default:
+            the rank reads in its own process; ``1``: one worker, seeded as a worker).
+        distributed: Seed as under ``DistributedReadingService`` (the rank is part of every
+            reader's seed path, even on one rank). Default: when ``torch.distributed`` is
+            initialised or ``world_size > 1``.
         seed: The loader seed. Default: ``0``.
         equal_length: ``"stop"`` (default), ``"pad"``, or ``None`` to skip the synchronisation.
         timeout: Seconds to wait for other ranks when synchronising. Default: ``1800``.
@@ -170,7 +204,11 @@ def as_node(
         world_size=detected.world_size if world_size is None else world_size,
         worker=worker,
         num_workers=num_workers,
+        distributed=(
+            detected.distributed or (world_size or 1) > 1 if distributed is None else distributed
+        ),
     )
+    refuse_unsupported(datapipe)
     graph = lean_graph(copy.deepcopy(datapipe))
     # apply_sharding configures the graph in place (it returns the same root).
     if world.world_size > 1:

@@ -1,17 +1,34 @@
-"""Counting what the stages of a graph skipped, wherever they ran."""
+"""Counting what the stages of a graph skipped and dropped, wherever they ran."""
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from torch.utils.data import IterDataPipe
 
 from shardpipes.dataloader2.graph import stages_of
+from shardpipes.datapipes.iter._lean import LeanFilterIterDataPipe
+from shardpipes.errors import EmptyEpochWarning
 from shardpipes.handlers import SkipStats
 
-__all__ = ["graph_skips", "merge_skips", "skip_counters", "skips_from_dict", "skips_to_dict"]
+__all__ = [
+    "StageFlow",
+    "check_epoch",
+    "describe",
+    "flow_stages",
+    "flows_to_list",
+    "graph_skips",
+    "merge_flows",
+    "merge_skips",
+    "read_flows",
+    "skip_counters",
+    "skips_from_dict",
+    "skips_to_dict",
+    "source_of_graph",
+]
 
 
 def skip_counters(datapipe: IterDataPipe[Any]) -> list[SkipStats]:
@@ -45,3 +62,145 @@ def merge_skips(parts: Iterable[SkipStats]) -> SkipStats:
     for part in parts:
         total.merge(part)
     return total
+
+
+# --- what the stages that can drop items dropped -----------------------------------------------
+#
+# An epoch of nothing must not pass silently (a map that swallows errors, a filter that
+# rejects everything, a handler that skips every sample). Counting costs nothing on the hot
+# path: only the stages that can drop items count, and only what they drop: ``filter``
+# (dropped items, and iterations that passed anything on) and the stages with a handler
+# (their ``skipped`` counters). The loader compares the totals at the start and end of each
+# epoch.
+
+
+@dataclasses.dataclass(frozen=True)
+class StageFlow:
+    """Totals of one stage that can drop items.
+
+    ``dropped``: items (or shards) dropped; ``passing``: iterations that passed at least one
+    item on (``None`` for a stage that does not count it); ``unit``: what ``dropped`` counts.
+    """
+
+    name: str
+    dropped: int
+    passing: int | None
+    unit: str = "items"
+
+
+def _functional_names() -> dict[type, str]:
+    names: dict[type, str] = {LeanFilterIterDataPipe: "filter"}
+    for name, fn in IterDataPipe.functions.items():
+        args = getattr(fn, "args", None)
+        cls = args[0] if args else None
+        if isinstance(cls, type):
+            names.setdefault(cls, name)
+    return names
+
+
+def describe(dp: Any) -> str:
+    """A stage's functional name (``filter``, ``decode``) or, without one, its class name."""
+    return _functional_names().get(type(dp), type(dp).__name__)
+
+
+def flow_stages(datapipe: IterDataPipe[Any]) -> list[Any]:
+    """The stages of ``datapipe`` that can drop items and count it, from the output (find once)."""
+    return [
+        dp
+        for dp in stages_of(datapipe)
+        if isinstance(dp, LeanFilterIterDataPipe)
+        or isinstance(getattr(dp, "skipped", None), SkipStats)
+    ]
+
+
+def read_flows(stages: Iterable[Any]) -> list[StageFlow]:
+    """The current totals of ``stages`` (from :func:`flow_stages`)."""
+    out = []
+    for dp in stages:
+        if isinstance(dp, LeanFilterIterDataPipe):
+            out.append(StageFlow(describe(dp), dp.dropped, dp.passing))
+        else:
+            skipped: SkipStats = dp.skipped
+            unit = "shards" if skipped.shards and not skipped.samples else "items"
+            out.append(StageFlow(describe(dp), skipped.samples + skipped.shards, None, unit))
+    return out
+
+
+def flows_to_list(flows: Iterable[StageFlow]) -> list[list[Any]]:
+    """A plain, picklable form of ``flows`` (sent from workers at the end of each epoch)."""
+    return [[f.name, f.dropped, f.passing, f.unit] for f in flows]
+
+
+def merge_flows(parts: Iterable[list[list[Any]]]) -> list[StageFlow]:
+    """Add the totals of several copies of one graph (the workers'), stage by stage."""
+    total: list[StageFlow] = []
+    for part in parts:
+        for i, (name, dropped, passing, unit) in enumerate(part):
+            if i == len(total):
+                total.append(StageFlow(name, dropped, passing, unit))
+                continue
+            have = total[i]
+            both = None if have.passing is None or passing is None else have.passing + passing
+            total[i] = StageFlow(name, have.dropped + dropped, both, unit)
+    return total
+
+
+def source_of_graph(datapipe: IterDataPipe[Any]) -> str:
+    """The graph's source stage, with its length when it has one (for the empty-epoch warning)."""
+    source = stages_of(datapipe)[-1]
+    try:
+        size = f" holds {len(source)} items"
+    except TypeError:
+        size = ""
+    return f"its source {describe(source)}{size}"
+
+
+def check_epoch(
+    epoch: int,
+    yielded: int,
+    before: list[StageFlow],
+    after: list[StageFlow],
+    source: str,
+    *,
+    carried: bool = False,
+) -> None:
+    """Warn once if the epoch yielded nothing, or a stage dropped all it received this epoch.
+
+    ``carried``: a stage of the graph (``fixed_length``) continues its source's iteration
+    from one epoch into the next, so a filter's iteration spans epochs and only an epoch of
+    nothing is checked.
+    """
+    deltas = []
+    for i, end in enumerate(after):
+        start = before[i] if i < len(before) and before[i].name == end.name else None
+        dropped = end.dropped - (start.dropped if start is not None else 0)
+        passing = end.passing
+        if passing is not None and start is not None and start.passing is not None:
+            passing -= start.passing
+        deltas.append(StageFlow(end.name, dropped, passing, end.unit))
+    # A stage dropped all it received: it dropped some and passed nothing on (for a stage that
+    # does not count what it passes, only known when nothing reached the output).
+    all_dropped = [
+        d for d in deltas if d.dropped and (d.passing == 0 or (d.passing is None and not yielded))
+    ]
+    if yielded == 0:
+        culprit = next((d for d in deltas if d.dropped), None)  # the nearest to the output
+        if culprit is None or culprit not in all_dropped:
+            why = f"no filter or handler dropped everything; {source}"
+        elif culprit.passing is None:
+            why = (
+                f"{culprit.name} received {culprit.dropped} {culprit.unit} and skipped all of "
+                "them under its handler"
+            )
+        else:
+            why = f"{culprit.name} received {culprit.dropped} items and dropped all of them"
+        message = f"epoch {epoch} yielded no items: {why}"
+    elif all_dropped and not carried:
+        culprit = all_dropped[0]
+        message = (
+            f"epoch {epoch}: {culprit.name} received {culprit.dropped} items and dropped all of "
+            "them (the items after it came from another branch of the graph)"
+        )
+    else:
+        return
+    warnings.warn(message, EmptyEpochWarning, stacklevel=4)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import itertools
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,17 +25,32 @@ from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torch.utils.data.graph_settings import apply_sharding
 
 from shardpipes.dataloader2._shm import Ring
-from shardpipes.dataloader2._stats import merge_skips, skip_counters, skips_to_dict
+from shardpipes.dataloader2._stats import (
+    flow_stages,
+    flows_to_list,
+    merge_skips,
+    read_flows,
+    skip_counters,
+    skips_to_dict,
+)
 from shardpipes.dataloader2.graph import apply_epoch_plan
 from shardpipes.plan.epoch import EpochPlan
 from shardpipes.plan.resume import Segment
 
-__all__ = ["EpochSlot", "WorkerDataset"]
+__all__ = ["EpochEnd", "EpochSlot", "WorkerDataset"]
 
 # Slots of the shared epoch tensor: seed, epoch, the spawn path's length, the path (rank, ...),
 # then the number of stretches of a resumed epoch and the stretches (4 numbers each).
 _MAX_PATH = 4
 _MAX_SEGMENTS = 8
+
+
+@dataclass(frozen=True)
+class EpochEnd:
+    """A worker's last item of an epoch: the totals of its dropping stages (not passed on)."""
+
+    worker: int
+    flows: list[list[Any]]
 
 
 class EpochSlot:
@@ -106,6 +123,7 @@ class WorkerDataset(IterableDataset[Any]):
         self._ring: Ring | None = None
         self._sharded = False
         self._counters: list[Any] = []
+        self._flows: list[Any] = []
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
@@ -124,16 +142,24 @@ class WorkerDataset(IterableDataset[Any]):
             if self.user_init is not None:
                 self.datapipe = self.user_init(self.datapipe, worker)
             self._counters = skip_counters(self.datapipe)
+            self._flows = flow_stages(self.datapipe)
             self._sharded = True
             if info is not None:
                 _tune_malloc()
         gen = self.slot.read().spawn(worker)
         apply_epoch_plan(self.datapipe, gen)
-        if info is None or not self.shm_slots:
+        if info is None:
             return iter(self.datapipe)
+        # The epoch's last item is this worker's drop totals (chain: no cost per item).
+        items = itertools.chain(self.datapipe, self._epoch_end(worker))
+        if not self.shm_slots:
+            return items
         if self._ring is None:
             self._ring = Ring(self.shm_slots, self._owner)
-        return map(self._ring.pack, self.datapipe)
+        return map(self._ring.pack, items)
+
+    def _epoch_end(self, worker: int) -> Iterator[EpochEnd]:
+        yield EpochEnd(worker, flows_to_list(read_flows(self._flows)))
 
     # StatefulDataLoader snapshots this with every item a worker produces: it is how the skip
     # counters of the worker's copy of the graph reach the main process. The counters were

@@ -12,7 +12,13 @@ from typing import Any, Generic, TypeVar
 import torch.distributed as dist
 from torch.utils.data import IterDataPipe
 
-from shardpipes.dataloader2.graph import carries_across_epochs, lean_graph, resume_shape
+from shardpipes.dataloader2._stats import check_epoch
+from shardpipes.dataloader2.graph import (
+    carries_across_epochs,
+    lean_graph,
+    refuse_unsupported,
+    resume_shape,
+)
 from shardpipes.dataloader2.reading_service import (
     DistributedReadingService,
     InProcessReadingService,
@@ -143,6 +149,7 @@ class DataLoader2(Generic[T]):
             self._active.close()  # an abandoned epoch: finalise it before the next begins
             self._active = None
         if self._graph is None:
+            refuse_unsupported(self.datapipe)  # before any reader starts
             self._graph = self.reading_service.initialize(lean_graph(copy.deepcopy(self.datapipe)))
         generator = EpochPlan(self._seed, self._epoch, resume=self._resume)
         self._epoch += 1
@@ -159,6 +166,9 @@ class DataLoader2(Generic[T]):
     ) -> Generator[T, None, None]:
         self._skipped_at_start = _skipped(self.reading_service)
         self.reading_service.initialize_iteration(generator)
+        fresh = not skip and not generator.resume  # a whole epoch: check it yields something
+        before = self.reading_service.flows() if fresh else None
+        yielded = 0
         try:
             it = iter(graph)
             # Replay: the epoch is deterministic, so the items after the first `skip` are
@@ -170,9 +180,16 @@ class DataLoader2(Generic[T]):
                 )
             for item in it:
                 self._consumed += 1
+                yielded += 1
                 yield item
             self._current = None  # the epoch is complete
             self._log_epoch(generator.epoch)
+            after = self.reading_service.flows() if before is not None else None
+            if before is not None and after is not None:
+                carried = carries_across_epochs(self.datapipe)
+                check_epoch(
+                    generator.epoch, yielded, before[0], after[0], after[1], carried=carried
+                )
         finally:
             self.reading_service.finalize_iteration()
 

@@ -9,7 +9,8 @@ The one module that walks or rewrites a user's DataPipe graph (torch's ``travers
 - :func:`apply_epoch_plan`: hand one reader's graph its :class:`~shardpipes.plan.epoch.EpochPlan`
   for an epoch: seeds for every random stage and, for a resumed epoch, the same
   :class:`~shardpipes.plan.epoch.Resume` value to ``sharding_by_index`` and the sample shuffle;
-- :func:`resume_shape`: whether (and how) an epoch of this graph can be resumed by seeking.
+- :func:`resume_shape`: whether (and how) an epoch of this graph can be resumed by seeking;
+- :func:`refuse_unsupported`: the combinations that would yield wrong data, refused with why.
 
 Seeds: stages *before* ``sharding_filter`` (shard-order shuffles) get ``[seed, epoch, stage, 0]``,
 the same on every rank and worker, so all readers agree on the shard order; stages *after* it
@@ -39,6 +40,7 @@ from shardpipes.datapipes.iter._lean import (
     LeanMapperIterDataPipe,
     LeanShufflerIterDataPipe,
 )
+from shardpipes.datapipes.iter.cache import OnDiskCacheHolderIterDataPipe
 from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
 from shardpipes.datapipes.iter.length import FixedLengthIterDataPipe
 from shardpipes.datapipes.iter.prefetch import PinMemoryIterDataPipe, PrefetcherIterDataPipe
@@ -52,6 +54,7 @@ __all__ = [
     "has_sharding",
     "lean_graph",
     "random_stages",
+    "refuse_unsupported",
     "resume_shape",
     "stages_of",
 ]
@@ -117,6 +120,55 @@ def apply_epoch_plan(datapipe: IterDataPipe[Any], plan: EpochPlan) -> IterDataPi
         if shuffler is not None:
             shuffler.set_resume(resume)
     return datapipe
+
+
+def _name(dp: Any) -> str:
+    return (
+        "sharding_by_index()" if isinstance(dp, IndexSharderIterDataPipe) else "sharding_filter()"
+    )
+
+
+def _first(graph: DataPipeGraph, kind: type | tuple[type, ...]) -> Any:
+    for dp, sources in graph.values():
+        if isinstance(dp, kind):
+            return dp
+        found = _first(sources, kind)
+        if found is not None:
+            return found
+    return None
+
+
+def refuse_unsupported(datapipe: IterDataPipe[Any]) -> None:
+    """Raise ``ValueError`` for a graph shape that would yield wrong data, saying why and what to write.
+
+    - two sharding stages on one path (``sharding_filter`` twice, or with ``sharding_by_index``):
+      each reader would keep its share of its share, and most samples would never be read;
+    - ``on_disk_cache`` before ``sharding_by_index``: the index names the shards by the URLs
+      it was built from, not by cached paths.
+    """
+
+    def walk(graph: DataPipeGraph) -> None:
+        for dp, sources in graph.values():
+            if isinstance(dp, _ShardingIterDataPipe):
+                inner = _first(sources, _ShardingIterDataPipe)
+                if inner is not None:
+                    raise ValueError(
+                        f"the graph shards twice on one path ({_name(dp)} after {_name(inner)}): "
+                        "each reader would keep only its share of its share, and most samples "
+                        "would never be read; keep one sharding stage: sharding_filter() after "
+                        "the shard-level stages, or sharding_by_index() in its place"
+                    )
+                cached = _first(sources, OnDiskCacheHolderIterDataPipe)
+                if isinstance(dp, IndexSharderIterDataPipe) and cached is not None:
+                    raise ValueError(
+                        "on_disk_cache() before sharding_by_index(): the index names the shards "
+                        "by their URLs, not by cached paths; put on_disk_cache() after "
+                        "sharding_by_index() (it caches whole shards and keeps each reader's "
+                        "sample ranges)"
+                    )
+            walk(sources)
+
+    walk(traverse_dps(datapipe))
 
 
 def carries_across_epochs(datapipe: IterDataPipe[Any]) -> bool:

@@ -29,8 +29,17 @@ from torch.utils.data.graph_settings import apply_sharding
 
 from shardpipes.dataloader2._pool import WorkerPoolIterDataPipe
 from shardpipes.dataloader2._shm import Attachments
-from shardpipes.dataloader2._stats import graph_skips, merge_skips, skips_from_dict
-from shardpipes.dataloader2._worker import EpochSlot, WorkerDataset
+from shardpipes.dataloader2._stats import (
+    StageFlow,
+    flow_stages,
+    graph_skips,
+    merge_flows,
+    merge_skips,
+    read_flows,
+    skips_from_dict,
+    source_of_graph,
+)
+from shardpipes.dataloader2._worker import EpochEnd, EpochSlot, WorkerDataset
 from shardpipes.dataloader2.graph import apply_epoch_plan, has_sharding, stages_of
 from shardpipes.datapipes.iter._index_length import exact_length_plan
 from shardpipes.datapipes.iter.prefetch import PinMemoryIterDataPipe, PrefetcherIterDataPipe
@@ -80,6 +89,10 @@ class ReadingServiceInterface(ABC):
         """What the stages this service runs have skipped so far; ``None`` if it runs none."""
         return None
 
+    def flows(self) -> tuple[list[StageFlow], str] | None:
+        """Totals of the dropping stages this service runs, and its graph's source; ``None`` if none."""
+        return None
+
 
 def _warn_unsharded(datapipe: IterDataPipe[Any], readers: int, who: str) -> None:
     if readers > 1 and not has_sharding(traverse_dps(datapipe)):
@@ -107,6 +120,18 @@ class InProcessReadingService(ReadingServiceInterface):
     def skipped(self) -> SkipStats:
         """Skip counters of the graph's stages."""
         return graph_skips(self._datapipe)
+
+    def flows(self) -> tuple[list[StageFlow], str]:
+        """Totals of the graph's dropping stages, and its source."""
+        return _local_flows(self, self._datapipe)
+
+
+def _local_flows(service: Any, datapipe: IterDataPipe[Any]) -> tuple[list[StageFlow], str]:
+    found = getattr(service, "_flow_found", None)
+    if found is None or found[0] is not datapipe:  # the graph walk, once per graph
+        found = (datapipe, flow_stages(datapipe), source_of_graph(datapipe))
+        service._flow_found = found
+    return read_flows(found[1]), found[2]
 
 
 def _split_tail(datapipe: IterDataPipe[Any]) -> tuple[list[Any], IterDataPipe[Any]]:
@@ -196,6 +221,7 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         self._loader: Any = None
         self._generator: EpochPlan | None = None
         self._attached = Attachments()  # shared-memory blocks of the workers' large values
+        self._worker_flows: dict[int, list[list[Any]]] = {}  # each worker's latest drop totals
 
     def initialize(self, datapipe: IterDataPipe[Any]) -> IterDataPipe[Any]:
         """Move all but the main-process tail of the graph into the worker pool."""
@@ -271,6 +297,9 @@ class MultiProcessingReadingService(ReadingServiceInterface):
                 return
             except Exception as exc:
                 raise self._explain(exc) from None
+            if type(item) is EpochEnd:
+                self._worker_flows[item.worker] = item.flows
+                continue
             yield self._attached.unpack(item)
 
     def _explain(self, exc: Exception) -> Exception:
@@ -304,6 +333,15 @@ class MultiProcessingReadingService(ReadingServiceInterface):
             for snap in snapshots.values()
             if (snap.get("dataset_state") or {}).get("skipped") is not None
         )
+
+    def flows(self) -> tuple[list[StageFlow], str] | None:
+        """Totals of the dropping stages, summed over the workers (as of their latest batch)."""
+        if self._core is None:
+            return None
+        if self.num_workers == 0:
+            return _local_flows(self, self._core)
+        source = _local_flows(self, self._core)[1]
+        return merge_flows(flows for _, flows in sorted(self._worker_flows.items())), source
 
     def finalize(self) -> None:
         """Stop the worker processes."""
@@ -420,6 +458,10 @@ class DistributedReadingService(ReadingServiceInterface):
             apply_epoch_plan(self._datapipe, rank_generator)
         return rank_generator
 
+    def flows(self) -> tuple[list[StageFlow], str] | None:
+        """Totals of the graph's dropping stages (when no worker pool runs them)."""
+        return None if self._datapipe is None else _local_flows(self, self._datapipe)
+
     def finalize(self) -> None:
         """Destroy the gloo group this service created."""
         group, self._group = self._group, None
@@ -459,6 +501,14 @@ class SequentialReadingService(ReadingServiceInterface):
         """Skip counters from the innermost service that runs stages."""
         for rs in reversed(self.reading_services):
             found = rs.skipped()
+            if found is not None:
+                return found
+        return None
+
+    def flows(self) -> tuple[list[StageFlow], str] | None:
+        """Drop totals from the innermost service that runs stages."""
+        for rs in reversed(self.reading_services):
+            found = rs.flows()
             if found is not None:
                 return found
         return None

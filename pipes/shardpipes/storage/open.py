@@ -10,9 +10,11 @@ from __future__ import annotations
 import errno
 import io
 import json
+import os
 from collections.abc import Mapping
 from typing import IO, Any, cast
 
+from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
 
 from shardpipes.errors import ShardReadError
@@ -41,6 +43,57 @@ __all__ = [
 # readahead=None) are automatic: see storage/readahead.py and docs/cloud-storage.md.
 DEFAULT_BLOCK_SIZE = 16 << 20
 DEFAULT_READAHEAD = 2
+
+
+# --- forked children must not finalise the parent's filesystems -----------------------------
+#
+# fsspec clears its instance caches in a forked child (an at-fork hook of its own). A cached
+# instance that only the cache held then dies in the child, and HTTPFileSystem's finaliser
+# closes the aiohttp session it inherited: closing those sockets unregisters them from the
+# epoll instance that parent and child share after fork, so the parent's pooled connection
+# never reports readable again and its next request waits for the whole time-out (issue 19).
+# Before every fork we hold every cached instance; the parent lets go after the fork, the
+# child keeps its copies for good (inert: fsspec gives the child a new event loop and new
+# instances). Costs one walk of fsspec's filesystem classes per fork (docs/worker-pool.md).
+_held: list[Any] = []
+_inert: list[Any] = []  # in a forked child: the parent's instances, never finalised here
+
+
+def _cached_filesystems() -> list[Any]:
+    found: list[Any] = []
+    seen: set[type] = set()
+    stack: list[type] = [AbstractFileSystem]
+    while stack:
+        cls = stack.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        stack.extend(cls.__subclasses__())
+        cache = cls.__dict__.get("_cache")
+        if cache:
+            found.extend(cache.values())
+    return found
+
+
+def _hold_before_fork() -> None:
+    _held[:] = _cached_filesystems()
+
+
+def _release_in_parent() -> None:
+    _held.clear()
+
+
+def _keep_in_child() -> None:
+    _inert.extend(_held)
+    _held.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_hold_before_fork,
+        after_in_parent=_release_in_parent,
+        after_in_child=_keep_in_child,
+    )
 
 
 def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:

@@ -66,6 +66,10 @@ class ShardRange(str):
         obj.spans = tuple(spans)
         return obj
 
+    def relocated(self, url: str) -> ShardRange:
+        """The same samples and bytes in another copy of the shard (``on_disk_cache``'s)."""
+        return ShardRange(url, self.start, self.stop, self.offset, self.size, self.spans)
+
     def __reduce__(self) -> tuple[Any, ...]:
         return (ShardRange, (str(self), self.start, self.stop, self.offset, self.size, self.spans))
 

@@ -140,14 +140,39 @@ class LeanFilterIterDataPipe(StageIterDataPipe[T]):
     def __init__(self, datapipe: IterDataPipe[T], filter_fn: Callable[[T], bool]) -> None:
         self.datapipe = datapipe
         self.filter_fn = filter_fn
+        # Totals over all iterations, for the loader's check of a filter that drops everything:
+        # items dropped, and iterations that passed at least one item on. Counting drops only
+        # (and the first kept item, in a loop of its own) keeps the per-item cost at torch's.
+        self.dropped = 0
+        self.passing = 0
 
     def __iter__(self) -> Iterator[T]:
         fn = self.filter_fn
-        for x in self.datapipe:
-            keep = fn(x)
-            if not isinstance(keep, bool):
-                raise ValueError(
-                    f"Boolean output is required for `filter_fn` of FilterIterDataPipe, got {type(keep)}"
-                )
-            if keep:
-                yield x
+        dropped = 0
+        it = iter(self.datapipe)
+        try:
+            for x in it:  # until the first item is kept
+                keep = fn(x)
+                if keep is True:
+                    self.passing += 1
+                    yield x
+                    break
+                if keep is not False:
+                    _not_bool(keep)
+                dropped += 1
+            for x in it:
+                keep = fn(x)
+                if keep is True:
+                    yield x
+                elif keep is False:
+                    dropped += 1
+                else:
+                    _not_bool(keep)
+        finally:
+            self.dropped += dropped
+
+
+def _not_bool(keep: object) -> None:
+    raise ValueError(
+        f"Boolean output is required for `filter_fn` of FilterIterDataPipe, got {type(keep)}"
+    )

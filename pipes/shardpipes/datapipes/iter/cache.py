@@ -34,6 +34,7 @@ from shardpipes.storage.open import (
     check_read_options,
     open_url,
 )
+from shardpipes.storage.ranges import ShardRange
 from shardpipes.storage.retry import Redactor, RetryPolicy
 
 __all__ = ["OnDiskCacheHolderIterDataPipe", "cache_entry_name", "evict"]
@@ -68,8 +69,11 @@ class OnDiskCacheHolderIterDataPipe(StageIterDataPipe[str]):
         backoff: Seconds before the first retry, doubled each time. Default: ``0.5``.
         timeout: Seconds one request may take, or ``None``. Default: ``60``.
 
+    After ``sharding_by_index`` the whole shard is cached and each ``ShardRange`` is yielded
+    with the local path in place of the URL, so the next stage still reads only its range.
+
     Yields:
-        str: Local path of the cached copy.
+        str: Local path of the cached copy (a ``ShardRange`` for a ``ShardRange``).
 
     Raises:
         ShardReadError: The download failed (naming the URL and byte offset); no partial
@@ -132,9 +136,12 @@ class OnDiskCacheHolderIterDataPipe(StageIterDataPipe[str]):
             if "://" not in url:
                 yield url  # already local
                 continue
-            path, fd = self._acquire(url)
+            path, fd = self._acquire(str(url))  # the whole shard, whatever part is read
             try:
-                yield path  # the shared lock keeps eviction away until the next request
+                # A ShardRange (from sharding_by_index) stays one: the next stage reads only
+                # its samples from the local copy.
+                yield url.relocated(path) if isinstance(url, ShardRange) else path
+                # the shared lock keeps eviction away until the next request
             finally:
                 os.close(fd)
 

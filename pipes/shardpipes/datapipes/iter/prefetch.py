@@ -76,6 +76,7 @@ class PrefetcherIterDataPipe(StageIterDataPipe[T]):
 
         thread = threading.Thread(target=produce, name="shardpipes-prefetch", daemon=True)
         thread.start()
+        consumer = threading.get_ident()
         try:
             while True:
                 kind, value = q.get()
@@ -86,7 +87,12 @@ class PrefetcherIterDataPipe(StageIterDataPipe[T]):
                 yield value
         finally:
             stop.set()
-            thread.join()
+            # An abandoned iteration may be finalised by the garbage collector in any thread,
+            # even fsspec's event-loop thread, which a producer reading a remote shard waits
+            # on: joining there would deadlock. Elsewhere the producer sees `stop` within a
+            # poll interval and ends on its own.
+            if threading.get_ident() == consumer:
+                thread.join()
 
     def __len__(self) -> int:
         return len(self.source_datapipe)
