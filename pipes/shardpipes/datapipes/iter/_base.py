@@ -11,9 +11,10 @@ only other job, calling ``reset()`` on a new iterator, is done here). Torch's ow
 
 from __future__ import annotations
 
+import random
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes._decorator import functional_datapipe
@@ -90,3 +91,26 @@ def check_picklable_fn(fn: Callable[..., Any], what: str) -> None:
             UserWarning,
             stacklevel=3,
         )
+
+
+class PicklesRng:
+    """Mixin: a stage whose ``self._rng`` (``random.Random``) pickles as its state, not the object.
+
+    Under torch's ``getstate_hook`` (set by its serialization helpers) the state passes through
+    the hook, as torch's own stages do.
+    """
+
+    _rng: random.Random
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_rng"] = self._rng.getstate()
+        if IterDataPipe.getstate_hook is not None:
+            return cast(dict[str, Any], IterDataPipe.getstate_hook(state))
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        rng = random.Random()
+        rng.setstate(state.pop("_rng"))
+        self.__dict__.update(state)
+        self._rng = rng

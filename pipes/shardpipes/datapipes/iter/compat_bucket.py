@@ -7,11 +7,11 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar
 
 from torch.utils.data import DataChunk, IterDataPipe
 
-from shardpipes.datapipes.iter._base import register
+from shardpipes.datapipes.iter._base import PicklesRng, register
 
 __all__ = [
     "BucketBatcherIterDataPipe",
@@ -181,7 +181,7 @@ class MaxTokenBucketizerIterDataPipe(IterDataPipe[DataChunk[Any]]):
             yield DataChunk(batch)
 
 
-class _RandomSplitter(IterDataPipe[Any]):
+class _RandomSplitter(PicklesRng, IterDataPipe[Any]):
     """Shared state of the splits: each sample is assigned by a draw weighted by what is left."""
 
     def __init__(
@@ -232,19 +232,6 @@ class _RandomSplitter(IterDataPipe[Any]):
             "sum up to `total_length`.\nAlternatively, use `datapipe.set_length(LENGTH)` to "
             "manually set the desired length."
         )
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_rng"] = self._rng.getstate()
-        if IterDataPipe.getstate_hook is not None:
-            return cast(dict[str, Any], IterDataPipe.getstate_hook(state))
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        rng = random.Random()
-        rng.setstate(state.pop("_rng"))
-        self.__dict__.update(state)
-        self._rng = rng
 
     def __iter__(self) -> Iterator[Any]:
         raise TypeError("iterate the splits returned by random_split, not their shared state")

@@ -10,13 +10,13 @@ import asyncio
 import inspect
 import random
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import torch
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.utils.common import _check_unpickable_fn, validate_input_col
 
-from shardpipes.datapipes.iter._base import StageIterDataPipe, register
+from shardpipes.datapipes.iter._base import PicklesRng, StageIterDataPipe, register
 
 __all__ = [
     "BatchAsyncMapperIterDataPipe",
@@ -146,7 +146,7 @@ class FlatMapperIterDataPipe(StageIterDataPipe[T]):
 
 
 @register("shuffled_flatmap")
-class ShuffledFlatMapperIterDataPipe(StageIterDataPipe[T]):
+class ShuffledFlatMapperIterDataPipe(PicklesRng, StageIterDataPipe[T]):
     """Like ``flatmap``, but interleave the outputs of ``buffer_size`` items at random (functional name: ``shuffled_flatmap``).
 
     Keeps up to ``buffer_size`` iterators open and draws the next element from a random one.
@@ -224,19 +224,6 @@ class ShuffledFlatMapperIterDataPipe(StageIterDataPipe[T]):
         if self._no_op_fn:
             return sum(len(x) for x in self.datapipe)
         raise TypeError(f"{type(self).__name__}'s length relies on the output of its function.")
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_rng"] = self._rng.getstate()
-        if IterDataPipe.getstate_hook is not None:
-            return cast(dict[str, Any], IterDataPipe.getstate_hook(state))
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        rng = random.Random()
-        rng.setstate(state.pop("_rng"))
-        self.__dict__.update(state)
-        self._rng = rng
 
 
 class _AsyncBatchMapper(StageIterDataPipe[list[Any]]):
