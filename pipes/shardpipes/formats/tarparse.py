@@ -131,7 +131,7 @@ class _Prefixed(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def read(self, n: int = -1) -> bytes:  # type: ignore[override]
+    def read(self, n: int = -1) -> bytes:
         head = self._head
         if head:
             if n is None or n < 0 or n >= len(head):
@@ -192,7 +192,8 @@ def _map(stream: IO[bytes]) -> mmap.mmap | None:
     another process while it is mapped makes reading past the new end fail with ``SIGBUS``;
     shards are written once and then only read, as everywhere else in this package.
     """
-    raw = getattr(stream, "f", stream)  # fsspec's LocalFileOpener keeps the file object in .f
+    raw = getattr(stream, "file_obj", stream)  # a StreamWrapper (open_files_by_fsspec's)
+    raw = getattr(raw, "f", raw)  # fsspec's LocalFileOpener keeps the file object in .f
     if type(raw) not in (io.BufferedReader, io.FileIO) or not hasattr(os, "pread"):
         return None  # (no pread: Windows reads every file as a stream)
     try:
