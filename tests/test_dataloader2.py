@@ -140,7 +140,7 @@ def test_stage_error_in_worker_is_reraised_with_its_type_and_traceback():
     dp = IterableWrapper(range(40)).sharding_filter().map(explode_on_13).batch(2)
     with DataLoader2(dp, reading_service=MultiProcessingReadingService(num_workers=2)) as dl:
         with pytest.raises(
-            Boom, match=r"(?s)Caught Boom in DataLoader worker process 1.*bad sample 13"
+            Boom, match=r"(?s)Caught Boom in worker process 1.*bad sample 13"
         ):
             list(dl)
     assert no_children_left()

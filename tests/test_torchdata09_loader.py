@@ -210,3 +210,28 @@ def test_graph_functions():
     assert list(new_end) == [0, 100, 200, 300]
     with pytest.raises(RuntimeError, match="source DataPipe"):
         remove_dp(graph, source)
+
+
+@pytest.mark.parametrize("workers", [0, 2], ids=["in-process", "2-workers"])
+def test_limit_pauses_and_resume_continues_the_epoch(workers):
+    dp = IterableWrapper(range(10)).sharding_filter()
+    rs = MultiProcessingReadingService(num_workers=workers, worker_prefetch_cnt=0)
+    with DataLoader2(dp, reading_service=rs) as dl:
+        it = iter(dl)
+        it.limit(3)
+        first = list(it)
+        with pytest.raises(StopIteration):
+            next(it)
+        it.resume()
+        second = list(it)
+        it.limit(None)
+        it.resume()
+        rest = list(it)
+    assert (len(first), len(second)) == (3, 3)
+    assert sorted(first + second + rest) == list(range(10))
+
+
+def test_in_process_service_takes_09_arguments():
+    rs = InProcessReadingService(2, init_fn=lambda dp, info: dp.map(_times_ten))
+    with DataLoader2(IterableWrapper(range(4)), reading_service=rs) as dl:
+        assert list(dl) == [0, 10, 20, 30]

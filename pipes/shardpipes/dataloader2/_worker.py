@@ -26,6 +26,7 @@ from shardpipes.dataloader2._shm import Ring
 from shardpipes.dataloader2._stats import merge_skips, skip_counters, skips_to_dict
 from shardpipes.dataloader2.graph import apply_epoch_plan
 from shardpipes.dataloader2.random.seed_generator import SeedGenerator
+from shardpipes.dataloader2.utils.dispatch import dispatch_as_sharding
 from shardpipes.dataloader2.utils.worker import WorkerInfo, seed_global_rngs
 from shardpipes.plan.epoch import EpochPlan
 from shardpipes.plan.resume import Segment
@@ -117,7 +118,7 @@ class WorkerDataset(IterableDataset[Any]):
         if not self._sharded:
             # Under 'fork' the graph object is shared copy-on-write; shard a private copy.
             sharded = apply_sharding(
-                copy.deepcopy(self.datapipe),
+                dispatch_as_sharding(copy.deepcopy(self.datapipe)),
                 num_workers,
                 worker,
                 SHARDING_PRIORITIES.MULTIPROCESSING,

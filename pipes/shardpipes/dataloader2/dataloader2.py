@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch.utils.data import IterDataPipe, MapDataPipe
 
 from shardpipes.dataloader2.adapter import Adapter
+from shardpipes.dataloader2.error import PauseIteration
 from shardpipes.dataloader2.graph import carries_across_epochs, lean_graph, resume_shape
 from shardpipes.dataloader2.random.seed_generator import SeedGenerator, int64_seed
 from shardpipes.dataloader2.reading_service import (
@@ -68,6 +69,8 @@ class DataLoader2Iterator(Iterator[T]):
     def __init__(self, dataloader: DataLoader2[T], iterator_id: int) -> None:
         self.dataloader = dataloader
         self.iterator_id = iterator_id
+        self.limit_counter: int | None = None
+        self.limit_threshold: int | None = None
 
     def __next__(self) -> T:
         dl = self.dataloader
@@ -78,7 +81,31 @@ class DataLoader2Iterator(Iterator[T]):
                     "from the same DataLoader2"
                 )
             raise StopIteration
-        return next(dl._active)
+        if dl._is_paused:
+            raise PauseIteration  # ends this loop; the epoch continues after resume()
+        item = next(dl._active)
+        if self.limit_threshold is not None:
+            self.limit_counter = (self.limit_counter or 0) + 1
+            if self.limit_counter >= self.limit_threshold:
+                self._pause()
+        return item
+
+    def _pause(self) -> None:
+        self.dataloader._pause()
+        self.limit_counter = 0
+
+    def resume(self) -> None:
+        """Continue after a pause (:meth:`limit` reached, or ``DataLoader2._pause()``)."""
+        self.dataloader._resume()
+
+    def limit(self, num_batches: int | None) -> None:
+        """Pause after ``num_batches`` more items; ``None`` removes the limit.
+
+        Counted from now, and again after each ``resume()``. A paused iterator ends its
+        ``for`` loop; ``resume()`` continues the same epoch.
+        """
+        self.limit_counter = 0
+        self.limit_threshold = num_batches
 
     def __getattr__(self, name: str) -> Any:
         dl = self.__dict__.get("dataloader")
@@ -170,6 +197,7 @@ class DataLoader2(Generic[T]):
         self._epoch = 0
         self._pending: tuple[int, int] | None = None  # a restored epoch of a drawn seed
         self._epochs_run = 0
+        self._is_paused = False
         self._graph: IterDataPipe[T] | None = None
         self._active: Generator[T, None, None] | None = None
         self._closed = False
@@ -178,7 +206,7 @@ class DataLoader2(Generic[T]):
         self._consumed = 0
         self._skip = 0  # items to replay silently at the start of the next epoch (after a restore)
         # Or, with an index: the stretches of the epoch to resume by seeking (shardpipes.plan.resume).
-        self._resume: tuple[Segment, ...] = ()
+        self._resume_segments: tuple[Segment, ...] = ()
         self._skipped_at_start = 0
         if (
             dist.is_available()
@@ -212,6 +240,14 @@ class DataLoader2(Generic[T]):
         self._seed = seed
         self._epoch = 0
         self._pending = None
+
+    def _pause(self) -> None:
+        """Stop yielding until :meth:`_resume` (torchdata 0.9's); the epoch stays open."""
+        self._is_paused = True
+
+    def _resume(self) -> None:
+        """Yield again after :meth:`_pause`."""
+        self._is_paused = False
 
     def _next_seed(self) -> tuple[int, int]:
         """The (seed, epoch) of the epoch that starts now."""
@@ -250,6 +286,7 @@ class DataLoader2(Generic[T]):
                 "Please provide datapipe or use load_state_dict to load datapipe from state"
             )
         self._close_active()
+        self._is_paused = False
         if self._graph is None:
             graph = lean_graph(copy.deepcopy(self.datapipe))
             if self.reading_service_state is not None:
@@ -260,10 +297,10 @@ class DataLoader2(Generic[T]):
                 self._graph = self.reading_service.initialize(graph)
         seed, epoch = self._next_seed()
         self._seeded_epoch = self._seed is not None
-        generator = EpochPlan(int64_seed(seed), epoch, resume=self._resume)
+        generator = EpochPlan(int64_seed(seed), epoch, resume=self._resume_segments)
         self._epoch_seed = seed
         self._epochs_run += 1
-        skip, self._skip, self._resume = self._skip, 0, ()
+        skip, self._skip, self._resume_segments = self._skip, 0, ()
         # Set now, not when the generator starts: a state taken after iter() but before the
         # first item must point at this epoch.
         self._current = generator
@@ -370,8 +407,8 @@ class DataLoader2(Generic[T]):
                 (seed, epoch), seeded = self._pending, False
             else:
                 seed, epoch, seeded = self._seed, self._epoch, self._seed is not None
-            earlier, skipped = self._resume[:-1], 0
-            consumed = self._resume[-1].consumed if self._resume else self._skip
+            earlier, skipped = self._resume_segments[:-1], 0
+            consumed = self._resume_segments[-1].consumed if self._resume_segments else self._skip
         if graph and self._serialized is None and self.datapipe is not None:
             self._serialized = _serialize(self.datapipe)
         return {
@@ -496,7 +533,7 @@ class DataLoader2(Generic[T]):
         else:  # an epoch whose seed was drawn: replay it, then draw again
             self._seed, self._epoch = None, 0
             self._pending = (int(state["seed"]), int(state["epoch"]))
-        self._skip, self._resume = skip, resume
+        self._skip, self._resume_segments = skip, resume
         self._epochs_run = epochs_run
 
     def shutdown(self) -> None:

@@ -38,6 +38,7 @@ from shardpipes.dataloader2._worker import EpochSlot, WorkerDataset
 from shardpipes.dataloader2.graph import apply_epoch_plan, has_sharding, stages_of
 from shardpipes.dataloader2.random.distributed import dist_share_seed
 from shardpipes.dataloader2.random.seed_generator import SeedGenerator, as_plan
+from shardpipes.dataloader2.utils.worker import WorkerInfo
 from shardpipes.datapipes.iter._index_length import exact_length_plan
 from shardpipes.datapipes.iter.prefetch import PinMemoryIterDataPipe, PrefetcherIterDataPipe
 from shardpipes.datapipes.iter.sync import (
@@ -123,11 +124,35 @@ def _warn_unsharded(datapipe: IterDataPipe[Any], readers: int, who: str) -> None
 
 
 class InProcessReadingService(ReadingServiceInterface):
-    """Run the whole graph in the calling process, seeded per epoch. The default service."""
+    """Run the whole graph in the calling process, seeded per epoch. The default service.
+
+    Args:
+        prefetch_cnt: Items a background thread keeps ready at the end of the graph; ``0``
+            (default) for none.
+        init_fn: ``fn(datapipe, worker_info) -> datapipe``, applied once.
+        reset_fn: ``fn(datapipe, worker_info, seed_generator) -> datapipe``, called at the
+            start of every epoch after the graph was seeded.
+    """
+
+    def __init__(
+        self,
+        prefetch_cnt: int = 0,
+        init_fn: Callable[[IterDataPipe[Any], Any], IterDataPipe[Any]] | None = None,
+        reset_fn: Callable[[IterDataPipe[Any], Any, Any], IterDataPipe[Any]] | None = None,
+    ) -> None:
+        if prefetch_cnt < 0:
+            raise ValueError(f"prefetch_cnt should be >= 0, got {prefetch_cnt!r}")
+        self.prefetch_cnt = prefetch_cnt
+        self.init_fn = init_fn
+        self.reset_fn = reset_fn
 
     def initialize(self, datapipe: IterDataPipe[Any]) -> IterDataPipe[Any]:
-        """Keep the graph as it is."""
+        """Keep the graph as it is (after ``init_fn``, with the prefetch stage)."""
+        if self.init_fn is not None:
+            datapipe = self.init_fn(datapipe, WorkerInfo(1, 0))
         self._datapipe = datapipe
+        if self.prefetch_cnt:
+            return PrefetcherIterDataPipe(datapipe, self.prefetch_cnt)
         return datapipe
 
     def initialize_iteration(
@@ -135,6 +160,8 @@ class InProcessReadingService(ReadingServiceInterface):
     ) -> Any:
         """Seed the graph for this epoch."""
         apply_epoch_plan(self._datapipe, as_plan(seed_generator))
+        if self.reset_fn is not None:
+            self.reset_fn(self._datapipe, WorkerInfo(1, 0), seed_generator)
         return seed_generator
 
     def skipped(self) -> SkipStats:
@@ -156,6 +183,9 @@ def _reattach(tail: list[Any], core: IterDataPipe[Any]) -> IterDataPipe[Any]:
         stage.source_datapipe = core
         core = stage
     return core
+
+
+_TORCH_WORDING = "in DataLoader worker process"
 
 
 def _as_is(item: Any) -> Any:
@@ -323,6 +353,9 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         gen = self._generator
         where = f"rank {gen.path[0]}" if gen is not None and gen.path else ""
         text = str(exc)
+        if exc.args and isinstance(exc.args[0], str) and _TORCH_WORDING in exc.args[0]:
+            # torchdata 0.9's wording of an error re-raised from a worker
+            exc.args = (exc.args[0].replace(_TORCH_WORDING, "in worker process"), *exc.args[1:])
         if (
             isinstance(exc, RuntimeError)
             and "DataLoader worker" in text

@@ -10,9 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from torch.utils.data import IterDataPipe
+from torch.utils.data.datapipes.iter.sharding import (
+    SHARDING_PRIORITIES,
+    ShardingFilterIterDataPipe,
+)
 from torch.utils.data.graph import DataPipe, DataPipeGraph, traverse_dps
 
-from shardpipes.dataloader2.graph.utils import list_dps
+from shardpipes.dataloader2.graph.utils import list_dps, replace_dp
 
 __all__ = [
     "_DummyIterDataPipe",
@@ -94,3 +98,20 @@ def find_non_dispatching_branches(graph: DataPipeGraph) -> list[DataPipe]:
     if walk(root_id, root, sources):
         out.append(root)
     return out
+
+
+def dispatch_as_sharding(datapipe: Any) -> Any:
+    """Put a multiprocessing ``sharding_filter`` where each ``sharding_round_robin_dispatch`` is.
+
+    0.9 ran the graph before the dispatcher in one extra process and dealt its items to the
+    workers in turn. shardpipes runs that part in every worker, with the seeds all workers
+    share, and each worker keeps the items dealt to it: the same items, in the same order, per
+    worker, without the extra process. Returns the graph's (possibly new) output stage.
+    """
+    graph = traverse_dps(datapipe)
+    for dp in [d for d in list_dps(graph) if _is_dispatcher(d)]:
+        sharder = ShardingFilterIterDataPipe(
+            dp.source_datapipe, sharding_group_filter=SHARDING_PRIORITIES.MULTIPROCESSING
+        )
+        graph = replace_dp(graph, dp, sharder)
+    return next(iter(graph.values()))[0]
