@@ -19,14 +19,12 @@ from typing import Any
 
 import torch
 from torch.utils.data import IterableDataset, IterDataPipe, get_worker_info
-from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
-from torch.utils.data.graph_settings import apply_sharding
 
 from shardpipes.dataloader2._shm import Ring
 from shardpipes.dataloader2._stats import merge_skips, skip_counters, skips_to_dict
 from shardpipes.dataloader2.graph import apply_epoch_plan
 from shardpipes.dataloader2.random.seed_generator import SeedGenerator
-from shardpipes.dataloader2.utils.dispatch import dispatch_as_sharding
+from shardpipes.dataloader2.utils.dispatch import shard_for_worker
 from shardpipes.dataloader2.utils.worker import WorkerInfo, seed_global_rngs
 from shardpipes.plan.epoch import EpochPlan
 from shardpipes.plan.resume import Segment
@@ -117,12 +115,7 @@ class WorkerDataset(IterableDataset[Any]):
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if not self._sharded:
             # Under 'fork' the graph object is shared copy-on-write; shard a private copy.
-            sharded = apply_sharding(
-                dispatch_as_sharding(copy.deepcopy(self.datapipe)),
-                num_workers,
-                worker,
-                SHARDING_PRIORITIES.MULTIPROCESSING,
-            )
+            sharded = shard_for_worker(copy.deepcopy(self.datapipe), num_workers, worker)
             if not isinstance(sharded, IterDataPipe):
                 raise TypeError(f"expected an IterDataPipe graph, got {type(sharded).__name__}")
             self.datapipe = sharded

@@ -10,11 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from torch.utils.data import IterDataPipe
-from torch.utils.data.datapipes.iter.sharding import (
-    SHARDING_PRIORITIES,
-    ShardingFilterIterDataPipe,
-)
+from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torch.utils.data.graph import DataPipe, DataPipeGraph, traverse_dps
+from torch.utils.data.graph_settings import apply_sharding
 
 from shardpipes.dataloader2.graph.utils import list_dps, replace_dp
 
@@ -74,7 +72,9 @@ def find_lca_round_robin_sharding_dp(graph: DataPipeGraph) -> DataPipe | None:
     return walk(root_id, root, sources)  # type: ignore[no-any-return]
 
 
-def find_non_dispatching_branches(graph: DataPipeGraph) -> list[DataPipe]:
+def find_non_dispatching_branches(
+    graph: DataPipeGraph, placeholder: type = _DummyIterDataPipe
+) -> list[DataPipe]:
     """The frontmost stages whose input does not come from a ``_DummyIterDataPipe``."""
     root_id, root, sources = _root(graph)
     clean: dict[int, bool] = {}
@@ -83,7 +83,7 @@ def find_non_dispatching_branches(graph: DataPipeGraph) -> list[DataPipe]:
     def walk(dp_id: int, dp: Any, srcs: DataPipeGraph) -> bool:
         if dp_id in clean:
             return clean[dp_id]
-        if type(dp) is _DummyIterDataPipe:
+        if type(dp) is placeholder:
             clean[dp_id] = False
             return False
         clean[dp_id] = True
@@ -100,18 +100,37 @@ def find_non_dispatching_branches(graph: DataPipeGraph) -> list[DataPipe]:
     return out
 
 
-def dispatch_as_sharding(datapipe: Any) -> Any:
-    """Put a multiprocessing ``sharding_filter`` where each ``sharding_round_robin_dispatch`` is.
+class _DealtIterDataPipe(IterDataPipe[Any]):
+    """The items of ``source`` dealt to worker ``worker`` of ``num_workers``: ``i % num_workers == worker``."""
 
-    0.9 ran the graph before the dispatcher in one extra process and dealt its items to the
-    workers in turn. shardpipes runs that part in every worker, with the seeds all workers
-    share, and each worker keeps the items dealt to it: the same items, in the same order, per
-    worker, without the extra process. Returns the graph's (possibly new) output stage.
+    def __init__(self, source_datapipe: Any, num_workers: int, worker: int) -> None:
+        self.source_datapipe = source_datapipe
+        self.num_workers = num_workers
+        self.worker = worker
+
+    def __iter__(self) -> Any:
+        n, w = self.num_workers, self.worker
+        for i, item in enumerate(self.source_datapipe):
+            if i % n == w:
+                yield item
+
+
+def shard_for_worker(datapipe: Any, num_workers: int, worker: int) -> Any:
+    """Shard a worker's copy of the graph; return its (possibly new) output stage.
+
+    Without ``sharding_round_robin_dispatch`` this is torch's ``apply_sharding`` with the
+    multiprocessing priority. With it: 0.9 ran the part before the dispatcher in one extra
+    process and dealt its items to the workers in turn. shardpipes runs that part in every
+    worker, with the seeds all workers share, and each worker keeps the items dealt to it: the
+    same items per worker, without the extra process. As in 0.9, only the branches that do
+    not read from a dispatcher are sharded by worker.
     """
     graph = traverse_dps(datapipe)
-    for dp in [d for d in list_dps(graph) if _is_dispatcher(d)]:
-        sharder = ShardingFilterIterDataPipe(
-            dp.source_datapipe, sharding_group_filter=SHARDING_PRIORITIES.MULTIPROCESSING
-        )
-        graph = replace_dp(graph, dp, sharder)
+    dispatchers = [d for d in list_dps(graph) if _is_dispatcher(d)]
+    if not dispatchers:
+        return apply_sharding(datapipe, num_workers, worker, SHARDING_PRIORITIES.MULTIPROCESSING)
+    for dp in dispatchers:
+        graph = replace_dp(graph, dp, _DealtIterDataPipe(dp.source_datapipe, num_workers, worker))
+    for branch in find_non_dispatching_branches(graph, _DealtIterDataPipe):
+        apply_sharding(branch, num_workers, worker, SHARDING_PRIORITIES.MULTIPROCESSING)
     return next(iter(graph.values()))[0]
