@@ -110,9 +110,17 @@ class _DealtIterDataPipe(IterDataPipe[Any]):
 
     def __iter__(self) -> Any:
         n, w = self.num_workers, self.worker
-        for i, item in enumerate(self.source_datapipe):
-            if i % n == w:
-                yield item
+        try:
+            for i, item in enumerate(self.source_datapipe):
+                if i % n == w:
+                    yield item
+        except Exception as exc:
+            # 0.9's words for where it happened: the part of the graph before the dispatcher
+            exc.add_note(
+                f"Caught {type(exc).__name__} in dispatching process (the part of the graph "
+                "before sharding_round_robin_dispatch, run in each worker)"
+            )
+            raise
 
 
 def shard_for_worker(datapipe: Any, num_workers: int, worker: int) -> Any:
