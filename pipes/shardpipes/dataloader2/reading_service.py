@@ -36,6 +36,7 @@ from shardpipes.dataloader2._shm import Attachments
 from shardpipes.dataloader2._stats import graph_skips, merge_skips, skips_from_dict
 from shardpipes.dataloader2._worker import EpochSlot, WorkerDataset
 from shardpipes.dataloader2.graph import apply_epoch_plan, has_sharding, stages_of
+from shardpipes.dataloader2.graph.utils import _swap_in
 from shardpipes.dataloader2.random.distributed import dist_share_seed
 from shardpipes.dataloader2.random.seed_generator import SeedGenerator, as_plan
 from shardpipes.dataloader2.utils.worker import WorkerInfo
@@ -169,18 +170,36 @@ class InProcessReadingService(ReadingServiceInterface):
         return graph_skips(self._datapipe)
 
 
-def _split_tail(datapipe: IterDataPipe[Any]) -> tuple[list[Any], IterDataPipe[Any]]:
-    """Peel the main-process stages off the output end: return (tail, outermost first), core."""
-    tail = []
-    while isinstance(datapipe, _MAIN_PROCESS_STAGES):
-        tail.append(datapipe)
-        datapipe = datapipe.source_datapipe
+def _stays_in_main(dp: Any, non_replicable: bool) -> bool:
+    if isinstance(dp, _MAIN_PROCESS_STAGES):
+        return True
+    check = getattr(dp, "is_replicable", None)
+    return non_replicable and callable(check) and not check()
+
+
+def _split_tail(
+    datapipe: IterDataPipe[Any], *, non_replicable: bool = False
+) -> tuple[list[tuple[Any, Any]], IterDataPipe[Any]]:
+    """Peel the main-process stages off the output end: return (tail, outermost first), core.
+
+    ``tail`` holds ``(stage, its source)``. With ``non_replicable``, stages whose
+    ``is_replicable()`` is ``False`` (0.9's protocol) stay in the main process too.
+    """
+    tail: list[tuple[Any, Any]] = []
+    while _stays_in_main(datapipe, non_replicable):
+        sources = traverse_dps(datapipe)[id(datapipe)][1]
+        if len(sources) != 1:
+            break
+        source: Any = next(iter(sources.values()))[0]
+        tail.append((datapipe, source))
+        datapipe = source
     return tail, datapipe
 
 
-def _reattach(tail: list[Any], core: IterDataPipe[Any]) -> IterDataPipe[Any]:
-    for stage in reversed(tail):
-        stage.source_datapipe = core
+def _reattach(tail: list[tuple[Any, Any]], core: IterDataPipe[Any]) -> IterDataPipe[Any]:
+    for stage, source in reversed(tail):
+        if source is not core:
+            _swap_in(stage, source, core)
         core = stage
     return core
 
@@ -270,16 +289,19 @@ class MultiProcessingReadingService(ReadingServiceInterface):
 
     def initialize(self, datapipe: IterDataPipe[Any]) -> IterDataPipe[Any]:
         """Move all but the main-process tail of the graph into the worker pool."""
-        tail, core = _split_tail(datapipe)
+        tail, core = _split_tail(datapipe, non_replicable=True)
         self._core = core
+        self._end_datapipe = datapipe
         if self.num_workers == 0:
+            self._core = datapipe  # all of it runs here: seed all of it
             return datapipe
         _warn_unsharded(core, self.num_workers, "MultiProcessingReadingService")
         self._slot = EpochSlot()
         pool: IterDataPipe[Any] = WorkerPoolIterDataPipe(core, self)
         if self.main_prefetch_cnt:
             pool = PrefetcherIterDataPipe(pool, self.main_prefetch_cnt)
-        return _reattach(tail, pool)
+        self._end_datapipe = _reattach(tail, pool)  # 0.9's name for the graph iterated
+        return self._end_datapipe
 
     def initialize_iteration(
         self, seed_generator: SeedGenerator, iter_reset_fn: Callable[[Any], Any] | None = None
@@ -443,7 +465,7 @@ class DistributedReadingService(ReadingServiceInterface):
         tail, core = _split_tail(datapipe)
         plan = (
             None
-            if any(isinstance(t, FullSyncIterDataPipe) for t in tail)
+            if any(isinstance(t, FullSyncIterDataPipe) for t, _ in tail)
             else exact_length_plan(core)
         )
         if plan is not None:
