@@ -33,6 +33,8 @@ import struct
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any, cast
 
+from shardpipes.formats.stream import StreamBytes
+
 __all__ = ["MIN_BYTES", "Attachments", "Packed", "Ring"]
 
 logger = logging.getLogger(__name__)
@@ -74,7 +76,7 @@ class Packed:
 
 def _large(x: Any, depth: int) -> bool:
     kind = type(x)
-    if kind is bytes:
+    if kind is bytes or kind is StreamBytes:
         return len(x) >= MIN_BYTES
     if depth and (isinstance(x, list) or kind is tuple):
         return any(_large(v, depth - 1) for v in x)
@@ -85,7 +87,7 @@ def _large(x: Any, depth: int) -> bool:
 
 def _swap(x: Any, depth: int, found: list[bytes]) -> Any:
     kind = type(x)
-    if kind is bytes and len(x) >= MIN_BYTES:
+    if (kind is bytes or kind is StreamBytes) and len(x) >= MIN_BYTES:
         found.append(x)
         return _Ref(len(found) - 1)
     if depth and (isinstance(x, list) or kind is tuple):  # batches are often DataChunk lists
@@ -158,7 +160,8 @@ class Ring:
         spans, at = [], _HEADER_SIZE
         for b in found:
             buf[at : at + len(b)] = b
-            spans.append((at, len(b)))
+            # A StreamBytes's span is stored with its offset negated (offsets are > 0).
+            spans.append((at if type(b) is bytes else -at, len(b)))
             at += len(b)
         return Packed(skeleton, block.name, self.seq, spans)
 
@@ -204,7 +207,10 @@ class Attachments:
         if total > self.heap_kept:
             _keep_heap(total)
             self.heap_kept = total
-        values = [bytes(buf[at : at + n]) for at, n in item.spans]
+        values = [
+            bytes(buf[at : at + n]) if at > 0 else StreamBytes(buf[-at : -at + n])
+            for at, n in item.spans
+        ]
         if _SEQ.unpack_from(buf, 0)[0] != item.seq:
             raise RuntimeError(
                 f"shared-memory block {item.name} was overwritten before batch {item.seq} was "

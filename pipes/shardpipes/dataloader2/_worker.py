@@ -21,8 +21,6 @@ from typing import Any
 
 import torch
 from torch.utils.data import IterableDataset, IterDataPipe, get_worker_info
-from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
-from torch.utils.data.graph_settings import apply_sharding
 
 from shardpipes.dataloader2._shm import Ring
 from shardpipes.dataloader2._stats import (
@@ -34,6 +32,9 @@ from shardpipes.dataloader2._stats import (
     skips_to_dict,
 )
 from shardpipes.dataloader2.graph import apply_epoch_plan
+from shardpipes.dataloader2.random.seed_generator import SeedGenerator
+from shardpipes.dataloader2.utils.dispatch import shard_for_worker
+from shardpipes.dataloader2.utils.worker import WorkerInfo, seed_global_rngs
 from shardpipes.plan.epoch import EpochPlan
 from shardpipes.plan.resume import Segment
 
@@ -111,13 +112,15 @@ class WorkerDataset(IterableDataset[Any]):
         self,
         datapipe: IterDataPipe[Any],
         slot: EpochSlot,
-        user_init: Callable[[IterDataPipe[Any], int], IterDataPipe[Any]] | None,
+        user_init: Callable[[IterDataPipe[Any], Any], IterDataPipe[Any]] | None,
         shm_slots: int = 0,
         shm_owner: str = "",
+        user_reset: Callable[[IterDataPipe[Any], Any, Any], IterDataPipe[Any]] | None = None,
     ) -> None:
         self.datapipe = datapipe
         self.slot = slot
         self.user_init = user_init
+        self.user_reset = user_reset
         self.shm_slots = shm_slots  # blocks of the shared-memory ring; 0: pickle everything
         self._owner = shm_owner  # names the blocks; the main process removes them
         self._ring: Ring | None = None
@@ -130,17 +133,12 @@ class WorkerDataset(IterableDataset[Any]):
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if not self._sharded:
             # Under 'fork' the graph object is shared copy-on-write; shard a private copy.
-            sharded = apply_sharding(
-                copy.deepcopy(self.datapipe),
-                num_workers,
-                worker,
-                SHARDING_PRIORITIES.MULTIPROCESSING,
-            )
+            sharded = shard_for_worker(copy.deepcopy(self.datapipe), num_workers, worker)
             if not isinstance(sharded, IterDataPipe):
                 raise TypeError(f"expected an IterDataPipe graph, got {type(sharded).__name__}")
             self.datapipe = sharded
             if self.user_init is not None:
-                self.datapipe = self.user_init(self.datapipe, worker)
+                self.datapipe = self.user_init(self.datapipe, WorkerInfo(num_workers, worker))
             self._counters = skip_counters(self.datapipe)
             self._flows = flow_stages(self.datapipe)
             self._sharded = True
@@ -148,6 +146,12 @@ class WorkerDataset(IterableDataset[Any]):
                 _tune_malloc()
         gen = self.slot.read().spawn(worker)
         apply_epoch_plan(self.datapipe, gen)
+        if info is not None:  # a worker process: its own random, numpy and torch, per epoch
+            seed_global_rngs(gen.process_seeds())
+        if self.user_reset is not None:
+            self.datapipe = self.user_reset(
+                self.datapipe, WorkerInfo(num_workers, worker), SeedGenerator.from_plan(gen)
+            )
         if info is None:
             return iter(self.datapipe)
         # The epoch's last item is this worker's drop totals (chain: no cost per item).

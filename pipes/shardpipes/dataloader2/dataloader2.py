@@ -5,21 +5,27 @@ from __future__ import annotations
 import copy
 import itertools
 import logging
+import pickle
 import warnings
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
+import torch
 import torch.distributed as dist
-from torch.utils.data import IterDataPipe
+from torch.utils.data import IterDataPipe, MapDataPipe
 
 from shardpipes.dataloader2._stats import check_epoch
+from shardpipes.dataloader2.adapter import Adapter
+from shardpipes.dataloader2.error import PauseIteration
 from shardpipes.dataloader2.graph import (
     carries_across_epochs,
     lean_graph,
     refuse_unsupported,
     resume_shape,
 )
+from shardpipes.dataloader2.random.seed_generator import SeedGenerator, int64_seed
 from shardpipes.dataloader2.reading_service import (
+    CheckpointableReadingServiceInterface,
     DistributedReadingService,
     InProcessReadingService,
     MultiProcessingReadingService,
@@ -32,7 +38,12 @@ from shardpipes.handlers import SkipStats
 from shardpipes.plan.epoch import EpochPlan
 from shardpipes.plan.resume import Segment
 
-__all__ = ["DataLoader2"]
+__all__ = [
+    "READING_SERVICE_STATE_KEY_NAME",
+    "SERIALIZED_DATAPIPE_KEY_NAME",
+    "DataLoader2",
+    "DataLoader2Iterator",
+]
 
 T = TypeVar("T")
 
@@ -41,6 +52,72 @@ logger = logging.getLogger(__name__)
 STATE_FORMAT = "shardpipes-loader-state"
 STATE_VERSION = 2
 _STATE_KEYS = ("format", "version", "seed", "epoch", "consumed", "world_size", "num_workers")
+#: torchdata 0.9's keys, also in our state: the pickled graph (after the adapters, before the
+#: reading service) and a ``CheckpointableReadingServiceInterface``'s own state.
+SERIALIZED_DATAPIPE_KEY_NAME = "serialized_datapipe"
+READING_SERVICE_STATE_KEY_NAME = "reading_service_state"
+
+
+def _serialize(datapipe: Any) -> bytes | None:
+    try:
+        return pickle.dumps(datapipe)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return None  # a lambda or a local function: the graph cannot travel in the state
+
+
+class DataLoader2Iterator(Iterator[T]):
+    """The iterator of one epoch of a :class:`DataLoader2` (torchdata 0.9's).
+
+    Only the newest iterator of a loader is valid: ``next()`` on an older one raises
+    ``RuntimeError``. Other attributes are those of the graph's own iterator.
+    """
+
+    def __init__(self, dataloader: DataLoader2[T], iterator_id: int) -> None:
+        self.dataloader = dataloader
+        self.iterator_id = iterator_id
+        self.limit_counter: int | None = None
+        self.limit_threshold: int | None = None
+
+    def __next__(self) -> T:
+        dl = self.dataloader
+        if self.iterator_id != dl.valid_iterator_id or dl._active is None:
+            if self.iterator_id != dl.valid_iterator_id:
+                raise RuntimeError(
+                    "This iterator has been invalidated because another iterator has been created "
+                    "from the same DataLoader2"
+                )
+            raise StopIteration
+        if dl._is_paused:
+            raise PauseIteration  # ends this loop; the epoch continues after resume()
+        item = next(dl._active)
+        if self.limit_threshold is not None:
+            self.limit_counter = (self.limit_counter or 0) + 1
+            if self.limit_counter >= self.limit_threshold:
+                self._pause()
+        return item
+
+    def _pause(self) -> None:
+        self.dataloader._pause()
+        self.limit_counter = 0
+
+    def resume(self) -> None:
+        """Continue after a pause (:meth:`limit` reached, or ``DataLoader2._pause()``)."""
+        self.dataloader._resume()
+
+    def limit(self, num_batches: int | None) -> None:
+        """Pause after ``num_batches`` more items; ``None`` removes the limit.
+
+        Counted from now, and again after each ``resume()``. A paused iterator ends its
+        ``for`` loop; ``resume()`` continues the same epoch.
+        """
+        self.limit_counter = 0
+        self.limit_threshold = num_batches
+
+    def __getattr__(self, name: str) -> Any:
+        dl = self.__dict__.get("dataloader")
+        if dl is None or dl._datapipe_iter is None:
+            raise AttributeError(name)
+        return getattr(dl._datapipe_iter, name)
 
 
 def _services(rs: ReadingServiceInterface) -> list[ReadingServiceInterface]:
@@ -75,11 +152,16 @@ class DataLoader2(Generic[T]):
     """Run a DataPipe graph with a reading service; each ``iter()`` is one epoch.
 
     The graph is deep-copied on the first epoch, so the caller's graph is never modified.
-    Seeds are deterministic: the default seed is ``0``, each epoch gets a new order, and
-    ``dl.seed(s)`` chooses another seed (and restarts the epoch count).
+    Seeds: after ``dl.seed(s)`` (any integer) epoch ``e`` of the loader runs the plan of
+    ``(s, e)``, and ``seed()`` again restarts the epoch count. Without ``seed()``, as in torchdata
+    0.9, each epoch draws its seed from torch's default generator (so ``torch.manual_seed``
+    decides the order; with ``DistributedReadingService`` rank 0's draw is used on every rank).
+    Worker processes seed their ``random``, ``numpy`` and ``torch`` from the epoch's plan.
 
     Args:
-        datapipe: The graph.
+        datapipe: The graph (``None`` when :meth:`load_state_dict` brings it).
+        datapipe_adapter_fn: An :class:`~shardpipes.dataloader2.adapter.Adapter` (or a list),
+            applied in order to the loader's copy of the graph.
         reading_service: How to run it. Default: :class:`InProcessReadingService`.
 
     Examples:
@@ -95,23 +177,33 @@ class DataLoader2(Generic[T]):
 
     def __init__(
         self,
-        datapipe: IterDataPipe[T],
-        datapipe_adapter_fn: None = None,
+        datapipe: IterDataPipe[T] | MapDataPipe[T] | None,
+        datapipe_adapter_fn: Iterable[Adapter] | Adapter | None = None,
         reading_service: ReadingServiceInterface | None = None,
     ) -> None:
-        if datapipe_adapter_fn is not None:
-            raise ValueError(
-                "datapipe_adapter_fn is not supported; apply the change to the graph before "
-                "passing it to DataLoader2"
-            )
-        if not isinstance(datapipe, IterDataPipe):
-            raise TypeError(f"DataLoader2 needs an IterDataPipe, got {type(datapipe).__name__}")
-        self.datapipe = datapipe
+        if datapipe_adapter_fn is None:
+            self.datapipe_adapter_fns: list[Callable[[Any], Any]] | None = None
+        elif isinstance(datapipe_adapter_fn, Iterable):
+            self.datapipe_adapter_fns = list(datapipe_adapter_fn)
+        else:
+            self.datapipe_adapter_fns = [datapipe_adapter_fn]
+        self.datapipe: IterDataPipe[T] | None = None
+        if datapipe is not None:
+            self.datapipe = self._adapt(datapipe)
         self.reading_service = (
             reading_service if reading_service is not None else InProcessReadingService()
         )
-        self._seed = 0
+        #: A ``CheckpointableReadingServiceInterface``'s state from :meth:`load_state_dict`.
+        self.reading_service_state: Any = None
+        self._serialized: bytes | None = None
+        self.valid_iterator_id: int | None = None
+        self._datapipe_iter: Iterator[T] | None = None
+        self._open_iteration = False
+        self._seed: int | None = None  # set by seed(); None: draw each epoch's from torch
         self._epoch = 0
+        self._pending: tuple[int, int] | None = None  # a restored epoch of a drawn seed
+        self._epochs_run = 0
+        self._is_paused = False
         self._graph: IterDataPipe[T] | None = None
         self._active: Generator[T, None, None] | None = None
         self._closed = False
@@ -120,7 +212,7 @@ class DataLoader2(Generic[T]):
         self._consumed = 0
         self._skip = 0  # items to replay silently at the start of the next epoch (after a restore)
         # Or, with an index: the stretches of the epoch to resume by seeking (shardpipes.plan.resume).
-        self._resume: tuple[Segment, ...] = ()
+        self._resume_segments: tuple[Segment, ...] = ()
         self._skipped_at_start = 0
         if (
             dist.is_available()
@@ -135,42 +227,112 @@ class DataLoader2(Generic[T]):
                 stacklevel=2,
             )
 
+    def _adapt(self, datapipe: Any) -> IterDataPipe[T]:
+        if isinstance(datapipe, MapDataPipe):
+            datapipe = datapipe.to_iter_datapipe()
+        if not isinstance(datapipe, IterDataPipe):
+            raise TypeError(f"DataLoader2 needs an IterDataPipe, got {type(datapipe).__name__}")
+        if self.datapipe_adapter_fns:
+            datapipe = copy.deepcopy(datapipe)  # adapters change the graph in place
+            for adapter in self.datapipe_adapter_fns:
+                datapipe = adapter(datapipe)
+        adapted: IterDataPipe[T] = datapipe
+        return adapted
+
     def seed(self, seed: int) -> None:
-        """Use ``seed`` from the next epoch on, and count epochs from 0 again."""
-        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-            raise ValueError(f"seed should be a non-negative int, got {seed!r}")
+        """Use ``seed`` (any integer) from the next epoch on, and count epochs from 0 again."""
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise TypeError(f"seed should be an int, got {seed!r}")
         self._seed = seed
         self._epoch = 0
+        self._pending = None
 
-    def __iter__(self) -> Iterator[T]:
+    def _pause(self) -> None:
+        """Stop yielding until :meth:`_resume` (torchdata 0.9's); the epoch stays open."""
+        self._is_paused = True
+
+    def _resume(self) -> None:
+        """Yield again after :meth:`_pause`."""
+        self._is_paused = False
+
+    def _next_seed(self) -> tuple[int, int]:
+        """The (seed, epoch) of the epoch that starts now."""
+        if self._pending is not None:
+            found, self._pending = self._pending, None
+            return found
+        if self._seed is not None:
+            self._epoch += 1
+            return self._seed, self._epoch - 1
+        # No seed(): torch's default generator decides (moved on, so each epoch differs).
+        drawn = int(torch.randint(0, 2**63 - 1, ()).item())
+        for rs in _services(self.reading_service):
+            if isinstance(rs, DistributedReadingService):
+                drawn = rs.share_seed(drawn)
+        return drawn, 0
+
+    def _end_iteration(self) -> None:
+        if self._open_iteration:
+            self._open_iteration = False
+            self.reading_service.finalize_iteration()
+
+    def _close_active(self) -> None:
+        try:
+            if self._active is not None:
+                self._active.close()  # an abandoned epoch: finalise it before the next begins
+                self._active = None
+        finally:
+            self._end_iteration()
+            self._datapipe_iter = None
+
+    def __iter__(self) -> DataLoader2Iterator[T]:
         if self._closed:
             raise RuntimeError("DataLoader2 was shut down; create a new one")
-        if self._active is not None:
-            self._active.close()  # an abandoned epoch: finalise it before the next begins
-            self._active = None
+        if self.datapipe is None:
+            raise RuntimeError(
+                "Please provide datapipe or use load_state_dict to load datapipe from state"
+            )
+        self._close_active()
+        self._is_paused = False
         if self._graph is None:
             refuse_unsupported(self.datapipe)  # before any reader starts
-            self._graph = self.reading_service.initialize(lean_graph(copy.deepcopy(self.datapipe)))
-        generator = EpochPlan(self._seed, self._epoch, resume=self._resume)
-        self._epoch += 1
-        skip, self._skip, self._resume = self._skip, 0, ()
+            graph = lean_graph(copy.deepcopy(self.datapipe))
+            if self.reading_service_state is not None:
+                if not isinstance(self.reading_service, CheckpointableReadingServiceInterface):
+                    raise TypeError("Cannot restore from non-checkpointable reading service")
+                self._graph = self.reading_service.restore(graph, self.reading_service_state)
+            else:
+                self._graph = self.reading_service.initialize(graph)
+        seed, epoch = self._next_seed()
+        self._seeded_epoch = self._seed is not None
+        generator = EpochPlan(int64_seed(seed), epoch, resume=self._resume_segments)
+        self._epoch_seed = seed
+        self._epochs_run += 1
+        skip, self._skip, self._resume_segments = self._skip, 0, ()
         # Set now, not when the generator starts: a state taken after iter() but before the
         # first item must point at this epoch.
         self._current = generator
         self._consumed = generator.resume[-1].consumed if generator.resume else skip
-        self._active = self._run(self._graph, generator, skip)
-        return self._active
+        self._skipped_at_start = _skipped(self.reading_service)
+        self._open_iteration = True
+        try:
+            found = self.reading_service.initialize_iteration(SeedGenerator.from_plan(generator))
+            if callable(found) and not isinstance(found, SeedGenerator | EpochPlan):
+                self._graph = found(self._graph)  # a 0.9 service's iter_reset_fn
+            fresh = not skip and not generator.resume  # a whole epoch: check it yields something
+            before = self.reading_service.flows() if fresh else None
+            self._datapipe_iter = iter(self._graph)
+        except BaseException:
+            self._end_iteration()
+            raise
+        self._active = self._run(self._datapipe_iter, generator, skip, before)
+        self.valid_iterator_id = 0 if self.valid_iterator_id is None else self.valid_iterator_id + 1
+        return DataLoader2Iterator(self, self.valid_iterator_id)
 
     def _run(
-        self, graph: IterDataPipe[T], generator: EpochPlan, skip: int
+        self, it: Iterator[T], generator: EpochPlan, skip: int, before: Any
     ) -> Generator[T, None, None]:
-        self._skipped_at_start = _skipped(self.reading_service)
-        self.reading_service.initialize_iteration(generator)
-        fresh = not skip and not generator.resume  # a whole epoch: check it yields something
-        before = self.reading_service.flows() if fresh else None
         yielded = 0
         try:
-            it = iter(graph)
             # Replay: the epoch is deterministic, so the items after the first `skip` are
             # exactly those the interrupted run would have yielded next.
             if skip and sum(1 for _ in itertools.islice(it, skip)) < skip:
@@ -183,15 +345,15 @@ class DataLoader2(Generic[T]):
                 yielded += 1
                 yield item
             self._current = None  # the epoch is complete
-            self._log_epoch(generator.epoch)
+            self._log_epoch(self._epochs_run - 1)
             after = self.reading_service.flows() if before is not None else None
             if before is not None and after is not None:
-                carried = carries_across_epochs(self.datapipe)
+                carried = self.datapipe is not None and carries_across_epochs(self.datapipe)
                 check_epoch(
                     generator.epoch, yielded, before[0], after[0], after[1], carried=carried
                 )
         finally:
-            self.reading_service.finalize_iteration()
+            self._end_iteration()
 
     def stats(self) -> dict[str, Any]:
         """Counters of this rank so far: items yielded this epoch, what was skipped, fullsync.
@@ -203,7 +365,7 @@ class DataLoader2(Generic[T]):
         """
         skipped = self.reading_service.skipped() or SkipStats()
         out: dict[str, Any] = {
-            "epoch": self._current.epoch if self._current is not None else self._epoch - 1,
+            "epoch": self._epochs_run - 1,
             "yielded": self._consumed,
             "skipped_samples": skipped.samples,
             "skipped_shards": skipped.shards,
@@ -228,7 +390,7 @@ class DataLoader2(Generic[T]):
             else "",
         )
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, *, graph: bool = False) -> dict[str, Any]:
         """Return the loader's position: a small dict to save beside the model checkpoint.
 
         Taken between two batches of an epoch, a new ``DataLoader2`` over the same graph,
@@ -243,19 +405,36 @@ class DataLoader2(Generic[T]):
         rank yielded in the epoch's current stretch), the topology, ``segments`` (earlier
         stretches of this epoch run under other topologies, as ``[ranks, workers,
         distributed, consumed]``) and ``skipped`` (what handlers skipped this epoch so far).
+
+        torchdata 0.9's keys are there too: ``reading_service_state`` (a
+        ``CheckpointableReadingServiceInterface``'s ``checkpoint()``, else ``None``) and
+        ``serialized_datapipe``: the pickled graph with ``graph=True`` (what
+        :meth:`from_state` and a loader made with ``datapipe=None`` need), else ``None``, so
+        the state stays small and JSON-compatible.
         """
         world, workers, distributed = _topology(self.reading_service)
-        if self._current is not None and self._active is not None:
-            epoch, consumed = self._current.epoch, self._consumed
-            earlier = self._current.resume[:-1]
+        seed: int | None
+        current = self._current if self._active is not None else None
+        in_epoch = current is not None
+        if current is not None:
+            seed, seeded = self._epoch_seed, self._seeded_epoch
+            epoch, consumed = current.epoch, self._consumed
+            earlier = current.resume[:-1]
             skipped = _skipped(self.reading_service) - self._skipped_at_start
         else:  # between epochs, or restored and not iterated yet (the pending position counts)
-            epoch, earlier, skipped = self._epoch, self._resume[:-1], 0
-            consumed = self._resume[-1].consumed if self._resume else self._skip
+            if self._pending is not None:
+                (seed, epoch), seeded = self._pending, False
+            else:
+                seed, epoch, seeded = self._seed, self._epoch, self._seed is not None
+            earlier, skipped = self._resume_segments[:-1], 0
+            consumed = self._resume_segments[-1].consumed if self._resume_segments else self._skip
+        if graph and self._serialized is None and self.datapipe is not None:
+            self._serialized = _serialize(self.datapipe)
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
-            "seed": self._seed,
+            "seed": seed,
+            "seeded": seeded,
             "epoch": epoch,
             "consumed": consumed,
             "world_size": world,
@@ -263,10 +442,29 @@ class DataLoader2(Generic[T]):
             "distributed": distributed,
             "segments": [seg.as_list() for seg in earlier],
             "skipped": skipped,
+            "epochs_run": self._epochs_run - (1 if in_epoch else 0),
+            SERIALIZED_DATAPIPE_KEY_NAME: self._serialized if graph else None,
+            READING_SERVICE_STATE_KEY_NAME: (
+                self.reading_service.checkpoint()
+                if isinstance(self.reading_service, CheckpointableReadingServiceInterface)
+                else self.reading_service_state
+            ),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (from :meth:`state_dict`) at the next ``iter()``.
+    @classmethod
+    def from_state(
+        cls, state: dict[str, Any], reading_service: ReadingServiceInterface | None = None
+    ) -> DataLoader2[Any]:
+        """A new loader over the graph saved in ``state``, continuing from it (torchdata 0.9's)."""
+        loader: DataLoader2[Any] = cls(None, reading_service=reading_service)
+        loader.load_state_dict(state)
+        return loader
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from ``state_dict`` (from :meth:`state_dict`) at the next ``iter()``.
+
+        A loader made with ``datapipe=None`` takes the graph saved in the state (it is saved
+        when it can be pickled). A state of torchdata 0.9 brings only its graph.
 
         Raises:
             KeyError: A key of the state is missing.
@@ -274,6 +472,20 @@ class DataLoader2(Generic[T]):
                 another number of ranks or workers and the graph cannot resume by seeking (it
                 needs ``sharding_by_index``, see docs/checkpointing.md), naming why.
         """
+        state = state_dict
+        if state.get(SERIALIZED_DATAPIPE_KEY_NAME) is not None:
+            if self.datapipe is None:
+                self.datapipe = self._adapt(pickle.loads(state[SERIALIZED_DATAPIPE_KEY_NAME]))
+            self._serialized = state[SERIALIZED_DATAPIPE_KEY_NAME]
+        if READING_SERVICE_STATE_KEY_NAME in state:
+            self.reading_service_state = state[READING_SERVICE_STATE_KEY_NAME]
+        if "format" not in state and SERIALIZED_DATAPIPE_KEY_NAME in state:
+            return  # torchdata 0.9's state: the graph only
+        if self.datapipe is None:
+            raise ValueError(
+                "this loader has no graph and the state does not carry one: take the state with "
+                "state_dict(graph=True), or build the graph and pass it to DataLoader2"
+            )
         missing = [k for k in _STATE_KEYS if k not in state]
         if missing:
             raise KeyError(f"loader state is missing {', '.join(missing)}")
@@ -290,7 +502,8 @@ class DataLoader2(Generic[T]):
             int(state["consumed"]),
         )
         earlier = tuple(Segment.from_list(seg) for seg in state.get("segments", ()))
-        if int(state["epoch"]) > 0 and carries_across_epochs(self.datapipe):
+        epochs_run = int(state.get("epochs_run", state["epoch"]))
+        if max(int(state["epoch"]), epochs_run) > 0 and carries_across_epochs(self.datapipe):
             raise ValueError(
                 "this graph has fixed_length(), whose position carries over from one epoch to the "
                 "next; exact resume after the first epoch is not supported for it yet"
@@ -331,11 +544,16 @@ class DataLoader2(Generic[T]):
                 skip = saved.consumed  # replay: read the epoch up to the position again
             else:
                 resume = (*earlier, saved)
-        if self._active is not None:
-            self._active.close()
-            self._active = None
-        self._seed, self._epoch = int(state["seed"]), int(state["epoch"])
-        self._skip, self._resume = skip, resume
+        self._close_active()
+        if state["seed"] is None:  # between epochs of a loader without seed()
+            self._seed, self._epoch, self._pending = None, 0, None
+        elif state.get("seeded", True):
+            self._seed, self._epoch, self._pending = int(state["seed"]), int(state["epoch"]), None
+        else:  # an epoch whose seed was drawn: replay it, then draw again
+            self._seed, self._epoch = None, 0
+            self._pending = (int(state["seed"]), int(state["epoch"]))
+        self._skip, self._resume_segments = skip, resume
+        self._epochs_run = epochs_run
 
     def shutdown(self) -> None:
         """End the current epoch, stop workers and release process groups. Idempotent."""
@@ -343,9 +561,7 @@ class DataLoader2(Generic[T]):
             return
         self._closed = True
         try:
-            if self._active is not None:
-                self._active.close()
-                self._active = None
+            self._close_active()
         finally:
             self.reading_service.finalize()
 

@@ -5,8 +5,12 @@ protocol, minus its ``__del__``):
 
 - ``initialize(datapipe) -> datapipe``: once, on the first epoch, with ``DataLoader2``'s own
   deep copy of the user's graph. Applies sharding, adds stages, returns the graph to iterate.
-- ``initialize_iteration(seed_generator) -> seed_generator``: before each epoch's first item.
-  Seeds the graph; returns the generator for the next service (rank, then worker spawned).
+- ``initialize_iteration(seed_generator, iter_reset_fn=None)``: before each epoch's first item.
+  ``seed_generator`` is torchdata 0.9's :class:`~shardpipes.dataloader2.random.SeedGenerator`
+  made from the epoch's :class:`~shardpipes.plan.epoch.EpochPlan` (our services read the plan
+  back with ``as_plan``). Seeds the graph; returns the generator for the next service (rank,
+  then worker spawned). A 0.9-style service may instead return ``None`` or a function
+  ``datapipe -> datapipe`` that ``DataLoader2`` applies to the graph.
 - ``finalize_iteration()``: after each epoch ends, is left with ``break``, or fails.
 - ``finalize()``: once, from ``DataLoader2.shutdown()``.
 """
@@ -41,6 +45,10 @@ from shardpipes.dataloader2._stats import (
 )
 from shardpipes.dataloader2._worker import EpochEnd, EpochSlot, WorkerDataset
 from shardpipes.dataloader2.graph import apply_epoch_plan, has_sharding, stages_of
+from shardpipes.dataloader2.graph.utils import _swap_in
+from shardpipes.dataloader2.random.distributed import dist_share_seed
+from shardpipes.dataloader2.random.seed_generator import SeedGenerator, as_plan
+from shardpipes.dataloader2.utils.worker import WorkerInfo
 from shardpipes.datapipes.iter._index_length import exact_length_plan
 from shardpipes.datapipes.iter.prefetch import PinMemoryIterDataPipe, PrefetcherIterDataPipe
 from shardpipes.datapipes.iter.sync import (
@@ -54,9 +62,11 @@ from shardpipes.handlers import SkipStats
 from shardpipes.plan.epoch import EpochPlan
 
 __all__ = [
+    "CheckpointableReadingServiceInterface",
     "DistributedReadingService",
     "InProcessReadingService",
     "MultiProcessingReadingService",
+    "PrototypeMultiProcessingReadingService",
     "ReadingServiceInterface",
     "SequentialReadingService",
 ]
@@ -75,7 +85,9 @@ class ReadingServiceInterface(ABC):
     def initialize(self, datapipe: IterDataPipe[Any]) -> IterDataPipe[Any]:
         """Prepare the graph once; return the graph ``DataLoader2`` iterates."""
 
-    def initialize_iteration(self, seed_generator: EpochPlan) -> EpochPlan:
+    def initialize_iteration(
+        self, seed_generator: SeedGenerator, iter_reset_fn: Callable[[Any], Any] | None = None
+    ) -> Any:
         """Prepare one epoch; return the seed generator for the next service."""
         return seed_generator
 
@@ -94,6 +106,27 @@ class ReadingServiceInterface(ABC):
         return None
 
 
+class CheckpointableReadingServiceInterface(ReadingServiceInterface):
+    """A reading service with a state of its own (torchdata 0.9's interface).
+
+    ``DataLoader2.state_dict()`` stores ``checkpoint()`` under ``"reading_service_state"``;
+    a loader given that state calls ``restore(datapipe, state)`` in place of ``initialize``.
+    """
+
+    @abstractmethod
+    def checkpoint(self) -> bytes:
+        """Return the service's state."""
+
+    @abstractmethod
+    def restore(self, datapipe: IterDataPipe[Any], serialized_state: bytes) -> IterDataPipe[Any]:
+        """Prepare the graph from a saved state; return the graph ``DataLoader2`` iterates."""
+
+
+def _child(seed_generator: SeedGenerator | EpochPlan, index: int) -> SeedGenerator | EpochPlan:
+    """The generator (or plan) of child ``index``: a rank or a worker."""
+    return seed_generator.spawn(index)
+
+
 def _warn_unsharded(datapipe: IterDataPipe[Any], readers: int, who: str) -> None:
     if readers > 1 and not has_sharding(traverse_dps(datapipe)):
         warnings.warn(
@@ -105,16 +138,44 @@ def _warn_unsharded(datapipe: IterDataPipe[Any], readers: int, who: str) -> None
 
 
 class InProcessReadingService(ReadingServiceInterface):
-    """Run the whole graph in the calling process, seeded per epoch. The default service."""
+    """Run the whole graph in the calling process, seeded per epoch. The default service.
+
+    Args:
+        prefetch_cnt: Items a background thread keeps ready at the end of the graph; ``0``
+            (default) for none.
+        init_fn: ``fn(datapipe, worker_info) -> datapipe``, applied once.
+        reset_fn: ``fn(datapipe, worker_info, seed_generator) -> datapipe``, called at the
+            start of every epoch after the graph was seeded.
+    """
+
+    def __init__(
+        self,
+        prefetch_cnt: int = 0,
+        init_fn: Callable[[IterDataPipe[Any], Any], IterDataPipe[Any]] | None = None,
+        reset_fn: Callable[[IterDataPipe[Any], Any, Any], IterDataPipe[Any]] | None = None,
+    ) -> None:
+        if prefetch_cnt < 0:
+            raise ValueError(f"prefetch_cnt should be >= 0, got {prefetch_cnt!r}")
+        self.prefetch_cnt = prefetch_cnt
+        self.init_fn = init_fn
+        self.reset_fn = reset_fn
 
     def initialize(self, datapipe: IterDataPipe[Any]) -> IterDataPipe[Any]:
-        """Keep the graph as it is."""
+        """Keep the graph as it is (after ``init_fn``, with the prefetch stage)."""
+        if self.init_fn is not None:
+            datapipe = self.init_fn(datapipe, WorkerInfo(1, 0))
         self._datapipe = datapipe
+        if self.prefetch_cnt:
+            return PrefetcherIterDataPipe(datapipe, self.prefetch_cnt)
         return datapipe
 
-    def initialize_iteration(self, seed_generator: EpochPlan) -> EpochPlan:
+    def initialize_iteration(
+        self, seed_generator: SeedGenerator, iter_reset_fn: Callable[[Any], Any] | None = None
+    ) -> Any:
         """Seed the graph for this epoch."""
-        apply_epoch_plan(self._datapipe, seed_generator)
+        apply_epoch_plan(self._datapipe, as_plan(seed_generator))
+        if self.reset_fn is not None:
+            self.reset_fn(self._datapipe, WorkerInfo(1, 0), seed_generator)
         return seed_generator
 
     def skipped(self) -> SkipStats:
@@ -134,20 +195,41 @@ def _local_flows(service: Any, datapipe: IterDataPipe[Any]) -> tuple[list[StageF
     return read_flows(found[1]), found[2]
 
 
-def _split_tail(datapipe: IterDataPipe[Any]) -> tuple[list[Any], IterDataPipe[Any]]:
-    """Peel the main-process stages off the output end: return (tail, outermost first), core."""
-    tail = []
-    while isinstance(datapipe, _MAIN_PROCESS_STAGES):
-        tail.append(datapipe)
-        datapipe = datapipe.source_datapipe
+def _stays_in_main(dp: Any, non_replicable: bool) -> bool:
+    if isinstance(dp, _MAIN_PROCESS_STAGES):
+        return True
+    check = getattr(dp, "is_replicable", None)
+    return non_replicable and callable(check) and not check()
+
+
+def _split_tail(
+    datapipe: IterDataPipe[Any], *, non_replicable: bool = False
+) -> tuple[list[tuple[Any, Any]], IterDataPipe[Any]]:
+    """Peel the main-process stages off the output end: return (tail, outermost first), core.
+
+    ``tail`` holds ``(stage, its source)``. With ``non_replicable``, stages whose
+    ``is_replicable()`` is ``False`` (0.9's protocol) stay in the main process too.
+    """
+    tail: list[tuple[Any, Any]] = []
+    while _stays_in_main(datapipe, non_replicable):
+        sources = traverse_dps(datapipe)[id(datapipe)][1]
+        if len(sources) != 1:
+            break
+        source: Any = next(iter(sources.values()))[0]
+        tail.append((datapipe, source))
+        datapipe = source
     return tail, datapipe
 
 
-def _reattach(tail: list[Any], core: IterDataPipe[Any]) -> IterDataPipe[Any]:
-    for stage in reversed(tail):
-        stage.source_datapipe = core
+def _reattach(tail: list[tuple[Any, Any]], core: IterDataPipe[Any]) -> IterDataPipe[Any]:
+    for stage, source in reversed(tail):
+        if source is not core:
+            _swap_in(stage, source, core)
         core = stage
     return core
+
+
+_TORCH_WORDING = "in DataLoader worker process"
 
 
 def _as_is(item: Any) -> Any:
@@ -167,9 +249,15 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         num_workers: Worker processes. Default: ``0``.
         multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or ``None`` (the
             platform default).
-        worker_prefetch_cnt: Items each worker keeps ready. Default: ``2``.
+        worker_prefetch_cnt: Items each worker keeps ready (``0`` is taken as ``1``). Default: ``2``.
         main_prefetch_cnt: Items a main-process thread keeps ready; ``0`` for none. Default: ``0``.
-        worker_init_fn: ``fn(datapipe, worker_id) -> datapipe``, applied once in each worker.
+        worker_init_fn: ``fn(datapipe, worker_info) -> datapipe``, applied once in each worker
+            after its sharding. ``worker_info`` is a
+            :class:`~shardpipes.dataloader2.utils.WorkerInfo`: the worker id as an ``int``, with
+            ``worker_id`` and ``num_workers``.
+        worker_reset_fn: ``fn(datapipe, worker_info, seed_generator) -> datapipe``, called in
+            each worker at the start of every epoch, after the graph and the worker's
+            ``random``/``numpy``/``torch`` generators were seeded.
         pin_memory: Pin tensors in the main process (when an accelerator exists).
         timeout: Seconds to wait for a worker's next item before failing; ``0`` waits as long
             as the workers live. Default: ``0``.
@@ -192,16 +280,17 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         multiprocessing_context: str | None = None,
         worker_prefetch_cnt: int = 2,
         main_prefetch_cnt: int = 0,
-        worker_init_fn: Callable[[IterDataPipe[Any], int], IterDataPipe[Any]] | None = None,
+        worker_init_fn: Callable[[IterDataPipe[Any], Any], IterDataPipe[Any]] | None = None,
+        worker_reset_fn: Callable[[IterDataPipe[Any], Any, Any], IterDataPipe[Any]] | None = None,
         *,
         pin_memory: bool = False,
         timeout: float = 0,
     ) -> None:
         if num_workers < 0:
             raise ValueError(f"num_workers should be >= 0, got {num_workers!r}")
-        if worker_prefetch_cnt <= 0 or main_prefetch_cnt < 0:
+        if worker_prefetch_cnt < 0 or main_prefetch_cnt < 0:
             raise ValueError(
-                f"worker_prefetch_cnt ({worker_prefetch_cnt}) should be > 0 and "
+                f"worker_prefetch_cnt ({worker_prefetch_cnt}) should be >= 0 and "
                 f"main_prefetch_cnt ({main_prefetch_cnt}) >= 0"
             )
         if multiprocessing_context not in (None, *torch.multiprocessing.get_all_start_methods()):
@@ -214,6 +303,7 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         self.worker_prefetch_cnt = worker_prefetch_cnt
         self.main_prefetch_cnt = main_prefetch_cnt
         self.worker_init_fn = worker_init_fn
+        self.worker_reset_fn = worker_reset_fn
         self.pin_memory = pin_memory
         self.timeout = timeout
         self._core: IterDataPipe[Any] | None = None
@@ -225,26 +315,32 @@ class MultiProcessingReadingService(ReadingServiceInterface):
 
     def initialize(self, datapipe: IterDataPipe[Any]) -> IterDataPipe[Any]:
         """Move all but the main-process tail of the graph into the worker pool."""
-        tail, core = _split_tail(datapipe)
+        tail, core = _split_tail(datapipe, non_replicable=True)
         self._core = core
+        self._end_datapipe = datapipe
         if self.num_workers == 0:
+            self._core = datapipe  # all of it runs here: seed all of it
             return datapipe
         _warn_unsharded(core, self.num_workers, "MultiProcessingReadingService")
         self._slot = EpochSlot()
         pool: IterDataPipe[Any] = WorkerPoolIterDataPipe(core, self)
         if self.main_prefetch_cnt:
             pool = PrefetcherIterDataPipe(pool, self.main_prefetch_cnt)
-        return _reattach(tail, pool)
+        self._end_datapipe = _reattach(tail, pool)  # 0.9's name for the graph iterated
+        return self._end_datapipe
 
-    def initialize_iteration(self, seed_generator: EpochPlan) -> EpochPlan:
+    def initialize_iteration(
+        self, seed_generator: SeedGenerator, iter_reset_fn: Callable[[Any], Any] | None = None
+    ) -> Any:
         """Publish this epoch's seeds to the workers (or seed the in-process graph)."""
-        self._generator = seed_generator
+        plan = as_plan(seed_generator)
+        self._generator = plan
         if self.num_workers == 0:
             if self._core is None:
                 raise RuntimeError("initialize() was not called")
-            apply_epoch_plan(self._core, seed_generator)
+            apply_epoch_plan(self._core, plan)
         elif self._slot is not None:
-            self._slot.write(seed_generator)
+            self._slot.write(plan)
         return seed_generator
 
     def _make_loader(self) -> Any:
@@ -268,12 +364,13 @@ class MultiProcessingReadingService(ReadingServiceInterface):
                 self._slot,
                 self.worker_init_fn,
                 shm_slots=self.worker_prefetch_cnt + 2,
+                user_reset=self.worker_reset_fn,
                 shm_owner=self._attached.owner,
             ),
             batch_size=None,
             num_workers=self.num_workers,
             multiprocessing_context=self.multiprocessing_context,
-            prefetch_factor=self.worker_prefetch_cnt,
+            prefetch_factor=max(self.worker_prefetch_cnt, 1),
             persistent_workers=True,
             pin_memory=self.pin_memory,
             timeout=self.timeout,
@@ -307,6 +404,9 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         gen = self._generator
         where = f"rank {gen.path[0]}" if gen is not None and gen.path else ""
         text = str(exc)
+        if exc.args and isinstance(exc.args[0], str) and _TORCH_WORDING in exc.args[0]:
+            # torchdata 0.9's wording of an error re-raised from a worker
+            exc.args = (exc.args[0].replace(_TORCH_WORDING, "in worker process"), *exc.args[1:])
         if (
             isinstance(exc, RuntimeError)
             and "DataLoader worker" in text
@@ -415,7 +515,7 @@ class DistributedReadingService(ReadingServiceInterface):
         tail, core = _split_tail(datapipe)
         plan = (
             None
-            if any(isinstance(t, FullSyncIterDataPipe) for t in tail)
+            if any(isinstance(t, FullSyncIterDataPipe) for t, _ in tail)
             else exact_length_plan(core)
         )
         if plan is not None:
@@ -439,9 +539,16 @@ class DistributedReadingService(ReadingServiceInterface):
         self._datapipe = datapipe
         return datapipe
 
-    def initialize_iteration(self, seed_generator: EpochPlan) -> EpochPlan:
+    def share_seed(self, seed: int) -> int:
+        """Rank 0's ``seed`` on every rank (for a seed drawn from each rank's own generator)."""
+        return dist_share_seed(seed, self._group)
+
+    def initialize_iteration(
+        self, seed_generator: SeedGenerator, iter_reset_fn: Callable[[Any], Any] | None = None
+    ) -> Any:
         """Check that all ranks agree on seed and epoch; seed the graph for this rank."""
-        values = [seed_generator.seed & (2**62 - 1), seed_generator.epoch]
+        plan = as_plan(seed_generator)
+        values = [plan.seed & (2**62 - 1), plan.epoch]
         t = torch.tensor([v for x in values for v in (x, -x)], dtype=torch.int64)
         work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
         work.wait(datetime.timedelta(seconds=self.timeout))
@@ -453,9 +560,9 @@ class DistributedReadingService(ReadingServiceInterface):
                 f"epochs {-neg_lo_epoch}..{hi_epoch}); call dl.seed() with the same value on every "
                 "rank and iterate the same number of epochs"
             )
-        rank_generator = seed_generator.spawn(self._rank)
+        rank_generator = _child(seed_generator, self._rank)
         if self._datapipe is not None:
-            apply_epoch_plan(self._datapipe, rank_generator)
+            apply_epoch_plan(self._datapipe, as_plan(rank_generator))
         return rank_generator
 
     def flows(self) -> tuple[list[StageFlow], str] | None:
@@ -491,11 +598,31 @@ class SequentialReadingService(ReadingServiceInterface):
             datapipe = rs.initialize(datapipe)
         return datapipe
 
-    def initialize_iteration(self, seed_generator: EpochPlan) -> EpochPlan:
-        """Pass the seed generator through each service in order."""
+    def initialize_iteration(
+        self, seed_generator: SeedGenerator, iter_reset_fn: Callable[[Any], Any] | None = None
+    ) -> Any:
+        """Pass the seed generator through each service in order.
+
+        A service that returns a generator hands it to the next; one that returns a function
+        (0.9's ``iter_reset_fn``) has it composed with the others' and returned.
+        """
+        reset_fns = [iter_reset_fn] if iter_reset_fn is not None else []
+        current: SeedGenerator | EpochPlan = seed_generator
         for rs in self.reading_services:
-            seed_generator = rs.initialize_iteration(seed_generator)
-        return seed_generator
+            found = rs.initialize_iteration(current)  # type: ignore[arg-type]
+            if isinstance(found, SeedGenerator | EpochPlan):
+                current = found
+            elif callable(found):
+                reset_fns.append(found)
+        if not reset_fns:
+            return current
+
+        def reset(datapipe: Any) -> Any:
+            for fn in reset_fns:
+                datapipe = fn(datapipe)
+            return datapipe
+
+        return reset
 
     def skipped(self) -> SkipStats | None:
         """Skip counters from the innermost service that runs stages."""
@@ -522,3 +649,7 @@ class SequentialReadingService(ReadingServiceInterface):
         """Finalise each service, in reverse order."""
         for rs in reversed(self.reading_services):
             rs.finalize()
+
+
+#: torchdata 0.9's name of the multiprocessing service while it was a prototype.
+PrototypeMultiProcessingReadingService = MultiProcessingReadingService

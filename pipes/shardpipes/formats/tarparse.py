@@ -6,22 +6,31 @@ the headers are parsed and verified in bulk by :func:`~shardpipes.formats.tarhea
 over a buffer that is either
 
 - the ``mmap`` of a whole local file: members are copied straight out of the page cache
-  (members of 64 KiB and more with ``pread``), so each byte is copied once, and no read
-  buffer is allocated, filled and sliced again; or
+  into their values, so each byte is copied once, and no read buffer is allocated, filled
+  and sliced again; or
 - chunks read from any other stream (remote objects, byte ranges, wrappers), holding one
   chunk plus the largest member.
+
+A compressed archive (gzip, bzip2 or xz, recognised by its first bytes, as torchdata 0.9's
+``load_from_tar`` with mode ``"r:*"`` did) is decompressed as it streams. Member data is a
+:class:`~shardpipes.formats.stream.StreamBytes`: ``bytes`` that also read like a stream.
 """
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import io
+import lzma
 import mmap
 import os
 import stat
+import zlib
 from collections.abc import Callable, Iterator
-from typing import IO, NamedTuple
+from typing import IO, Any, NamedTuple
 
 from shardpipes.errors import ShardFormatError
+from shardpipes.formats.stream import StreamBytes
 from shardpipes.formats.tarheaders import (
     BLOCK,
     NO_PAX,
@@ -33,9 +42,12 @@ from shardpipes.formats.tarheaders import (
 
 __all__ = ["BLOCK", "TarEntry", "iter_tar"]
 
-_GZIP_MAGIC = b"\x1f\x8b"
+_MAGIC = (
+    (b"\x1f\x8b", "gzip"),
+    (b"BZh", "bzip2"),
+    (b"\xfd7zXZ\x00", "xz"),
+)
 _DEFAULT_CHUNK = 1 << 20
-_PREAD_MIN = 64 << 10  # members at least this large are read with pread from a mapped file
 
 
 class TarEntry(NamedTuple):
@@ -47,14 +59,14 @@ class TarEntry(NamedTuple):
     """
 
     name: str
-    data: bytes
+    data: StreamBytes
     offset: int
     data_offset: int
 
 
 # TarEntry(*fields) without the Python-level __new__ that namedtuple generates: a member is
 # made hundreds of thousands of times a second.
-_entry: Callable[[type[TarEntry], tuple[str, bytes, int, int]], TarEntry] = tuple.__new__
+_entry: Callable[[type[TarEntry], tuple[str, StreamBytes, int, int]], TarEntry] = tuple.__new__
 
 
 def iter_tar(
@@ -88,16 +100,88 @@ def iter_tar(
             ``url`` and the byte offset.
     """
     mapped = _map(stream) if require_end and start_offset == 0 else None
+    if mapped is not None and _compression(mapped[:6]) is not None:
+        mapped.close()  # a compressed file: decompress it as a stream (the file is still at 0)
+        mapped = None
     if mapped is None:
+        if start_offset == 0:
+            stream = _maybe_decompressed(stream, url)
         yield from _iter_stream(stream, url, chunk_size, require_end, start_offset)
         return
     try:
-        yield from _iter_mapped(mapped, stream.fileno(), url, chunk_size)
+        yield from _iter_mapped(mapped, url, chunk_size)
     finally:
         try:
             mapped.close()
         except BufferError:  # a numpy view still held by a traceback: the GC unmaps it
             pass
+
+
+def _compression(head: bytes) -> str | None:
+    return next((kind for magic, kind in _MAGIC if head.startswith(magic)), None)
+
+
+class _Prefixed(io.RawIOBase):
+    """``head`` then the rest of ``stream``: the first bytes, read to recognise it, put back."""
+
+    def __init__(self, head: bytes, stream: IO[bytes]) -> None:
+        self._head = head
+        self._stream = stream
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        head = self._head
+        if head:
+            if n is None or n < 0 or n >= len(head):
+                self._head = b""
+                rest = self._stream.read(-1 if n is None or n < 0 else n - len(head))
+                return head + (rest or b"")
+            self._head = head[n:]
+            return head[:n]
+        return self._stream.read(n)
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+class _Checked:
+    """A decompressing reader whose errors name the shard (a ``ShardFormatError``)."""
+
+    def __init__(self, reader: IO[bytes], url: str, kind: str) -> None:
+        self._reader = reader
+        self._url = url
+        self._kind = kind
+
+    def read(self, n: int = -1) -> bytes:
+        try:
+            return self._reader.read(n)
+        except (OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
+            raise ShardFormatError(
+                f"{self._url}: its {self._kind} compression is corrupt or truncated: {exc}",
+                url=self._url,
+                offset=0,
+            ) from exc
+
+    def close(self) -> None:
+        self._reader.close()
+
+
+def _maybe_decompressed(stream: IO[bytes], url: str) -> IO[bytes]:
+    """``stream``, or a reader decompressing it when it starts as gzip, bzip2 or xz does."""
+    head = stream.read(6)
+    if not head:
+        return stream  # empty: the parser names the problem
+    kind = _compression(head)
+    if kind is None:
+        return _Prefixed(head, stream)  # type: ignore[return-value]
+    prefixed = io.BufferedReader(_Prefixed(head, stream), 1 << 16)
+    opener: Any = {"gzip": gzip.GzipFile, "bzip2": bz2.BZ2File, "xz": lzma.LZMAFile}[kind]
+    reader = opener(fileobj=prefixed) if kind == "gzip" else opener(prefixed)
+    return _Checked(reader, url, kind)  # type: ignore[return-value]
 
 
 def _map(stream: IO[bytes]) -> mmap.mmap | None:
@@ -108,7 +192,8 @@ def _map(stream: IO[bytes]) -> mmap.mmap | None:
     another process while it is mapped makes reading past the new end fail with ``SIGBUS``;
     shards are written once and then only read, as everywhere else in this package.
     """
-    raw = getattr(stream, "f", stream)  # fsspec's LocalFileOpener keeps the file object in .f
+    raw = getattr(stream, "file_obj", stream)  # a StreamWrapper (open_files_by_fsspec's)
+    raw = getattr(raw, "f", raw)  # fsspec's LocalFileOpener keeps the file object in .f
     if type(raw) not in (io.BufferedReader, io.FileIO) or not hasattr(os, "pread"):
         return None  # (no pread: Windows reads every file as a stream)
     try:
@@ -126,12 +211,17 @@ def _map(stream: IO[bytes]) -> mmap.mmap | None:
     return mapped
 
 
-def _iter_mapped(buf: mmap.mmap, fd: int, url: str, chunk_size: int) -> Iterator[TarEntry]:
-    if buf[:2] == _GZIP_MAGIC:
-        _gzip(url)
+def _iter_mapped(buf: mmap.mmap, url: str, chunk_size: int) -> Iterator[TarEntry]:
+    view = memoryview(buf)
+    try:
+        yield from _iter_view(buf, view, url, chunk_size)
+    finally:
+        view.release()
+
+
+def _iter_view(buf: mmap.mmap, view: memoryview, url: str, chunk_size: int) -> Iterator[TarEntry]:
     carry: Carry = [None, NO_PAX, None]
     pos = 0
-    pread = os.pread
     # Pages of the map that were read stay in this process's resident set (as shared file
     # pages) until unmapped; let go of each group's pages once its members are out, so a
     # mapped shard costs the process a group's worth of pages, not the shard's size.
@@ -143,13 +233,8 @@ def _iter_mapped(buf: mmap.mmap, fd: int, url: str, chunk_size: int) -> Iterator
         # costs about the same for 10 headers as for 100 (large members).
         entries, pos, end, need = scan(buf, pos, pos + 4 * chunk_size, 0, url, carry)
         for name, start, dpos, size in entries:
-            if size < _PREAD_MIN:
-                yield _entry(TarEntry, (name, buf[dpos : dpos + size], start, dpos))
-                continue
-            # A large member is copied by the kernel (pread into the new bytes object), which
-            # writes cold memory faster than a user-space copy out of the map does, and never
-            # faults the member's pages into this process (measured on 100 KB members: +10-15%).
-            data = pread(fd, size, dpos)
+            # One copy, straight out of the page cache into the value.
+            data = StreamBytes(view[dpos : dpos + size])
             if len(data) != size:  # the file was truncated since it was mapped
                 truncated(url, dpos + len(data), f"inside member {name!r}")
             yield _entry(TarEntry, (name, data, start, dpos))
@@ -172,11 +257,13 @@ def _iter_stream(
     pos = 0  # next header position in buf
     carry: Carry = [None, NO_PAX, None]
     while True:
-        if base == 0 and pos == 0 and buf[:2] == _GZIP_MAGIC:
-            _gzip(url)
         entries, pos, end, need = scan(buf, pos, len(buf), base, url, carry)
+        view = memoryview(buf)
         for name, start, dpos, size in entries:
-            yield _entry(TarEntry, (name, buf[dpos : dpos + size], start, base + dpos))
+            yield _entry(
+                TarEntry, (name, StreamBytes(view[dpos : dpos + size]), start, base + dpos)
+            )
+        view.release()
         if end:
             return
         # Refill: keep the unparsed tail, read at least what the next member needs.
@@ -197,15 +284,6 @@ def _iter_stream(
         base += pos
         buf = buf[pos:] + more if pos < len(buf) else more
         pos = 0
-
-
-def _gzip(url: str) -> None:
-    raise ShardFormatError(
-        f"{url}: is gzip-compressed (it starts with bytes 1f 8b); load_from_tar reads "
-        "uncompressed tar shards: decompress it (gunzip), or write shards uncompressed",
-        url=url,
-        offset=0,
-    )
 
 
 _MAX_READ = 64 << 20

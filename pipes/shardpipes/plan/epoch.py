@@ -63,6 +63,12 @@ class EpochPlan:
         """Seed for random stage ``stage`` after ``sharding_filter``: distinct per reader."""
         return reader_stage_seed(self.seed, self.epoch, stage, self.path)
 
+    def process_seeds(self) -> tuple[int, int, int]:
+        """Seeds for a reader process's ``random``, ``torch`` and ``numpy`` generators this epoch."""
+        return tuple(  # type: ignore[return-value]
+            derive_seed([self.seed, self.epoch, 2**32 - 2, kind, *self.path]) for kind in range(3)
+        )
+
     def torch_seed(self) -> int:
         """Seed for the ``torch.Generator`` handed to worker processes (their global RNGs)."""
         return derive_seed([self.seed, self.epoch, 2**32 - 1, *self.path])

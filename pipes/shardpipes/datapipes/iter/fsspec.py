@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import IO, Any, cast
 
 from torch.utils.data import IterDataPipe
+from torch.utils.data.datapipes.utils.common import StreamWrapper
 
 from shardpipes.datapipes.iter._base import StageIterDataPipe, register
 from shardpipes.errors import ShardReadError
@@ -56,6 +57,16 @@ __all__ = [
 _GLOB_CHARS = frozenset("*?[")
 
 
+class OpenedFile(StreamWrapper):
+    """torch's ``StreamWrapper`` (what torchdata 0.9 yielded), usable in a ``with`` block."""
+
+    def __enter__(self) -> OpenedFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 @register("list_files_by_fsspec")
 class FSSpecFileListerIterDataPipe(StageIterDataPipe[str]):
     """List the files under URLs, directories or glob patterns (functional name: ``list_files_by_fsspec``).
@@ -68,6 +79,7 @@ class FSSpecFileListerIterDataPipe(StageIterDataPipe[str]):
         masks: Glob patterns that a file's basename must match (any of them). Default: all files.
         recursive: List directories recursively. Default: ``False``.
         storage_options: Passed to the fsspec filesystem (endpoint, credentials, ...).
+        **kwargs: Also passed to the fsspec filesystem, as torchdata 0.9 did (``anon=True``).
 
     Yields:
         str: File URLs, with the same protocol prefix as the input.
@@ -92,13 +104,14 @@ class FSSpecFileListerIterDataPipe(StageIterDataPipe[str]):
         *,
         recursive: bool = False,
         storage_options: Mapping[str, Any] | None = None,
+        **kwargs: Any,
     ) -> None:
         if isinstance(root, str):
             root = [root]
         self.datapipe: Iterable[str] = root
         self.masks = [masks] if isinstance(masks, str) else list(masks)
         self.recursive = recursive
-        self.storage_options = dict(storage_options or {})
+        self.storage_options = {**(storage_options or {}), **kwargs}
 
     def _matches(self, path: str) -> bool:
         masks = [m for m in self.masks if m]
@@ -169,7 +182,7 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
             ``{"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}``, or HTTP
             ``{"headers": {...}}``). Never shown in error messages.
         open_kwargs: Passed to ``fs.open`` for local files and for remote servers that cannot
-            serve ranges (for example ``encoding``).
+            serve ranges (for example ``encoding``). ``kwargs_for_open`` is 0.9's name for it.
         block_size: Bytes per range request, or ``None``: a quarter of each object, within
             1-8 MiB. Default: ``None``.
         readahead: Blocks in flight or ready ahead of the reader, across shard boundaries
@@ -183,9 +196,11 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
         handler: What to do when a URL cannot be opened (missing, forbidden, retries used
             up): ``"raise"`` (default), ``"warn_and_skip"``/``"skip"`` (skip the shard and
             count it in ``skipped``), ``"stop"``, or a callable.
+        **kwargs: Also passed to the fsspec filesystem, as torchdata 0.9 did (``anon=True``).
 
     Yields:
-        tuple[str, IO]: The URL and an open file object.
+        tuple[str, StreamWrapper]: The URL and the open file in a ``StreamWrapper`` (as 0.9:
+        ``.file_obj`` is the file; every file method works on the wrapper).
 
     Raises:
         ShardReadError: Raised when opening or reading fails, naming the URL (never
@@ -215,6 +230,8 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
         backoff: float = 0.5,
         timeout: float | None = 60.0,
         handler: HandlerLike = "raise",
+        kwargs_for_open: Mapping[str, Any] | None = None,
+        **kwargs: Any,
     ) -> None:
         if mode not in ("rb", "r"):
             raise ValueError(f"mode {mode!r} is not supported; must be one of 'rb', 'r'")
@@ -223,8 +240,8 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
         self.skipped = SkipStats()
         self.source_datapipe = source_datapipe
         self.mode = mode
-        self.storage_options = dict(storage_options or {})
-        self.open_kwargs = dict(open_kwargs or {})
+        self.storage_options = {**(storage_options or {}), **kwargs}
+        self.open_kwargs = {**(open_kwargs or {}), **(kwargs_for_open or {})}
         RetryPolicy(retries=retries, backoff=backoff, timeout=timeout)  # validates
         self.block_size = block_size
         self.readahead = readahead
@@ -280,7 +297,8 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
             opened = iter_opened(iter(self.source_datapipe), self._open, self._remote, pool)
         for url, future, _ in opened:
             try:
-                stream = self._open(url) if future is None else future.result()
+                opened_stream = self._open(url) if future is None else future.result()
+                stream = cast(IO[Any], OpenedFile(opened_stream, name=str(url)))
             except ShardReadError as exc:
                 if policy.raises:
                     raise

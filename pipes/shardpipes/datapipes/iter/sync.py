@@ -140,6 +140,10 @@ class FullSyncIterDataPipe(StageIterDataPipe[T]):
         state["_group"] = None  # process groups do not pickle
         return state
 
+    def is_replicable(self) -> bool:
+        """``False``: it runs once, in the main process, over what all workers yield (0.9's protocol)."""
+        return False
+
     def __iter__(self) -> Iterator[T]:
         self.stats = stats = SyncStats()
         if not dist.is_available() or not dist.is_initialized():

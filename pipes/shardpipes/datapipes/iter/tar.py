@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable, Iterator
-from typing import IO
+from typing import IO, Any
 
 from shardpipes.datapipes.iter._base import StageIterDataPipe, register
 from shardpipes.errors import ShardFormatError, ShardReadError
+from shardpipes.formats.stream import StreamBytes
 from shardpipes.formats.tarparse import TarEntry, iter_tar
 from shardpipes.handlers import HandlerLike, SkipStats, resolve_handler
 from shardpipes.storage.ranges import ShardRange
@@ -15,8 +15,11 @@ from shardpipes.storage.ranges import ShardRange
 __all__ = ["TarArchiveLoaderIterDataPipe", "TarMember"]
 
 
-class TarMember(io.BytesIO):
-    """The stream of one tar member: a ``BytesIO`` that also knows where it came from.
+class TarMember(StreamBytes):
+    """One tar member: its bytes, readable as a stream, that also know where they came from.
+
+    As :class:`~shardpipes.formats.stream.StreamBytes`: ``read()``, ``close()``, ``file_obj``,
+    iteration over lines.
 
     Attributes:
         url: URL of the shard.
@@ -25,12 +28,21 @@ class TarMember(io.BytesIO):
         data_offset: Byte offset of the member's data in the shard.
     """
 
-    def __init__(self, data: bytes, url: str, name: str, offset: int, data_offset: int) -> None:
-        super().__init__(data)
-        self.url = url
-        self.name = name
-        self.offset = offset
-        self.data_offset = data_offset
+    url: str
+    name: str
+    offset: int
+    data_offset: int
+
+    def __new__(cls, data: bytes, url: str, name: str, offset: int, data_offset: int) -> TarMember:  # noqa: D102
+        member = super().__new__(cls, data)
+        member.url = url
+        member.name = name
+        member.offset = offset
+        member.data_offset = data_offset
+        return member
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (TarMember, (bytes(self), self.url, self.name, self.offset, self.data_offset))
 
 
 @register("load_from_tar")
@@ -41,13 +53,19 @@ class TarArchiveLoaderIterDataPipe(StageIterDataPipe[tuple[str, TarMember]]):
     any other stream (S3, GCS, HTTP, a byte range, a compressed file) is read sequentially in
     large chunks. Nothing is extracted to disk and only one chunk (or a few pages of the map)
     plus the current member is held in memory. ``path`` is the shard URL joined with the
-    member name, as in torchdata 0.9; the stream also carries ``url``, ``name`` and byte
-    offsets. The source stream is closed when its archive ends, on error, or when iteration stops.
+    member name, as in torchdata 0.9; the member is ``bytes`` that also read like 0.9's stream
+    (:class:`~shardpipes.formats.stream.StreamBytes`) and carry ``url``, ``name`` and byte
+    offsets. A gzip, bzip2 or xz compressed archive (``.tar.gz``, ``.tgz``, ``.tar.bz2``,
+    ``.tar.xz``, recognised by its first bytes) is decompressed as it streams. The source
+    stream is closed when its archive ends, on error, or when iteration stops.
 
     Args:
         source_datapipe: ``(url, stream)`` pairs, as ``open_files_by_fsspec`` yields.
-        mode: Kept for torchdata 0.9 compatibility; only streaming reads (``"r:*"``,
-            ``"r|*"``, ``"r|"``) are supported. Default: ``"r:*"``.
+        mode: torchdata 0.9's ``tarfile`` mode: ``"r:*"``/``"r|*"`` (any compression, the
+            default), ``"r"``, ``"r:"``/``"r|"``, ``"r:gz"``, ``"r|gz"``, ``"r:bz2"``,
+            ``"r|bz2"``, ``"r:xz"``, ``"r|xz"``; the compression is recognised from the data
+            in every case.
+        length: What ``len()`` reports (0.9's nominal length); ``-1``: no length.
         chunk_size: Bytes read at a time from a stream; a mapped shard's headers are
             verified four chunks ahead. Default: ``1 MiB``.
         handler: What to do with a corrupt or truncated archive, or a read error mid-shard
@@ -78,18 +96,20 @@ class TarArchiveLoaderIterDataPipe(StageIterDataPipe[tuple[str, TarMember]]):
         self,
         source_datapipe: Iterable[tuple[str, IO[bytes]]],
         mode: str = "r:*",
+        length: int = -1,
         *,
         chunk_size: int = 1 << 20,
         handler: HandlerLike = "raise",
     ) -> None:
-        if mode not in ("r:*", "r|*", "r|", "r"):
+        if mode not in _MODES:
             raise ValueError(
-                f"mode {mode!r} is not supported; load_from_tar reads streams: 'r:*', 'r|*', 'r|'"
+                f"mode {mode!r} is not supported; load_from_tar reads: {', '.join(_MODES)}"
             )
         if chunk_size < 512:
             raise ValueError(f"chunk_size ({chunk_size}) should be at least 512")
         self.source_datapipe = source_datapipe
         self.mode = mode
+        self.length = length
         self.chunk_size = chunk_size
         self.handler = resolve_handler(handler)
         self.skipped = SkipStats()
@@ -125,3 +145,11 @@ class TarArchiveLoaderIterDataPipe(StageIterDataPipe[tuple[str, TarMember]]):
     def __iter__(self) -> Iterator[tuple[str, TarMember]]:
         for url, e in self.members():
             yield f"{url}/{e.name}", TarMember(e.data, url, e.name, e.offset, e.data_offset)
+
+    def __len__(self) -> int:
+        if self.length == -1:
+            raise TypeError(f"{type(self).__name__} instance doesn't have valid length")
+        return self.length
+
+
+_MODES = ("r:*", "r|*", "r", "r:", "r|", "r:gz", "r|gz", "r:bz2", "r|bz2", "r:xz", "r|xz")

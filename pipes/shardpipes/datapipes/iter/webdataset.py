@@ -9,6 +9,7 @@ from shardpipes.datapipes.iter._base import StageIterDataPipe, register
 from shardpipes.datapipes.iter.tar import TarArchiveLoaderIterDataPipe
 from shardpipes.errors import SampleFormatError
 from shardpipes.formats.samples import duplicate_field, key_again, no_extension, split_key
+from shardpipes.formats.stream import StreamBytes
 from shardpipes.formats.tarparse import TarEntry
 from shardpipes.handlers import HandlerLike, SkipStats, resolve_handler
 
@@ -22,7 +23,9 @@ class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
     """Group consecutive tar members with the same key into one sample (functional name: ``webdataset``).
 
     A sample is a dict ``{"__key__": key, "__url__": shard URL, ".jpg": bytes, ".cls": bytes,
-    ...}``, one entry per member, keyed by the member's extension (everything after the first
+    ...}``, one entry per member (the values are
+    :class:`~shardpipes.formats.stream.StreamBytes`: ``bytes`` that also have torchdata 0.9's
+    stream methods, ``read()``, ``close()``, ``file_obj``, iteration over lines), keyed by the member's extension (everything after the first
     dot of its basename). Samples never straddle two shards. Members of one sample must be
     adjacent in the archive, as the WebDataset format requires; a key that comes back later in
     the same shard is an error rather than a silently split sample.
@@ -85,7 +88,7 @@ class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
             offset = getattr(stream, "offset", None)
             if not isinstance(offset, int):
                 offset = count
-            data = stream.read()
+            data = stream if isinstance(stream, StreamBytes) else StreamBytes(stream.read())
             stream.close()
             yield url, TarEntry(name, data, offset, offset)
 

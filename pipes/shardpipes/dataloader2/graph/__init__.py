@@ -1,5 +1,9 @@
 """Everything the loader does to a graph: rewrite it, walk it, and hand it each epoch's plan.
 
+Also torchdata 0.9's ``dataloader2.graph`` (``find_dps``, ``list_dps``, ``remove_dp``,
+``replace_dp``, ``traverse_dps``, ``set_graph_random_seed``, ... in ``utils.py`` and
+``settings.py``).
+
 The one module that walks or rewrites a user's DataPipe graph (torch's ``traverse_dps``):
 
 - :func:`lean_graph`: swap torch's ``shuffle``/``batch``/``map``/``filter`` for the lean stages
@@ -29,10 +33,12 @@ from typing import Any
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter import Batcher, Filter, Mapper, Shuffler
 from torch.utils.data.datapipes.iter.sharding import _ShardingIterDataPipe
-from torch.utils.data.graph import DataPipeGraph, traverse_dps
+from torch.utils.data.graph import DataPipe, DataPipeGraph, traverse_dps
 from torch.utils.data.graph_settings import get_all_graph_pipes
 
 from shardpipes.dataloader2._pool import WorkerPoolIterDataPipe
+from shardpipes.dataloader2.graph.settings import set_datapipes_seed, set_graph_random_seed
+from shardpipes.dataloader2.graph.utils import find_dps, list_dps, remove_dp, replace_dp
 from shardpipes.datapipes.iter._index_length import exact_length_plan, source_of
 from shardpipes.datapipes.iter._lean import (
     LeanBatcherIterDataPipe,
@@ -49,14 +55,25 @@ from shardpipes.plan.epoch import EpochPlan, Resume
 from shardpipes.plan.resume import Shape
 
 __all__ = [
+    # torchdata 0.9's dataloader2.graph
+    "DataPipe",
+    "DataPipeGraph",
+    # ours
     "apply_epoch_plan",
     "carries_across_epochs",
+    "find_dps",
     "has_sharding",
     "lean_graph",
+    "list_dps",
     "random_stages",
     "refuse_unsupported",
+    "remove_dp",
+    "replace_dp",
     "resume_shape",
+    "set_datapipes_seed",
+    "set_graph_random_seed",
     "stages_of",
+    "traverse_dps",
 ]
 
 

@@ -1,0 +1,120 @@
+"""Values read like torchdata 0.9's streams and still are bytes; compressed tars; 0.9 stage arguments (issue 16)."""
+
+import io
+import pickle
+import tarfile
+
+import pytest
+
+from shardpipes.datapipes.iter import IterableWrapper
+
+PIL = pytest.importorskip("PIL.Image")
+
+
+def _jpeg(i):
+    out = io.BytesIO()
+    PIL.new("RGB", (8, 8), (i * 40 % 256, 0, 0)).save(out, format="JPEG")
+    return out.getvalue()
+
+
+def _write(path, samples, mode="w"):
+    with tarfile.open(path, mode) as tar:
+        for key, fields in samples:
+            for ext, data in fields.items():
+                info = tarfile.TarInfo(f"{key}{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return str(path)
+
+
+def _samples(n, start=0):
+    return [
+        (f"{i:04d}", {".jpg": _jpeg(i), ".txt": f"caption {i}\nsecond line".encode()})
+        for i in range(start, start + n)
+    ]
+
+
+def _decode_sd(sample):
+    # The shape of a Stable Diffusion data loader written for torchdata 0.9: decode inside
+    # try/except, drop what fails.
+    try:
+        image = PIL.open(io.BytesIO(sample[".jpg"].read())).convert("RGB")
+        caption = sample[".txt"].read().decode("utf-8")
+    except Exception:
+        return None
+    return image.size, caption
+
+
+def test_a_stable_diffusion_style_09_loader_yields_its_samples(tmp_path):
+    _write(tmp_path / "a.tar", _samples(3))
+    _write(tmp_path / "b.tar", _samples(2, 3))
+    dp = (
+        IterableWrapper([str(tmp_path)])
+        .list_files_by_fsspec(masks="*.tar", anon=False)
+        .open_files_by_fsspec(mode="rb", kwargs_for_open={}, anon=False)
+        .load_from_tar()
+        .webdataset()
+        .map(_decode_sd)
+        .filter(lambda x: x is not None)
+    )
+    out = list(dp)
+    assert [caption for _, caption in out] == [f"caption {i}\nsecond line" for i in range(5)]
+    assert all(size == (8, 8) for size, _ in out)
+
+
+def test_values_are_bytes_and_streams(tmp_path):
+    path = _write(tmp_path / "a.tar", _samples(1))
+    [sample] = IterableWrapper([path]).open_files_by_fsspec().load_from_tar().webdataset()
+    txt = sample[".txt"]
+    assert isinstance(txt, bytes) and txt == b"caption 0\nsecond line"
+    assert {txt: 1}[b"caption 0\nsecond line"] == 1 and txt.decode().startswith("caption")
+    assert pickle.loads(pickle.dumps(txt)) == txt
+    assert list(txt) == [b"caption 0\n", b"second line"]  # iterating reads lines, as a stream
+    assert txt.read() == b""  # ... and moved the position to the end
+    txt.seek(0)
+    assert txt.read(7) == b"caption" and txt.file_obj is txt
+    txt.close()
+    assert bytes(txt) == b"caption 0\nsecond line"  # closing keeps the bytes
+
+
+def test_load_from_tar_members_are_streams_and_bytes(tmp_path):
+    path = _write(tmp_path / "a.tar", _samples(2))
+    dp = IterableWrapper([path]).open_files_by_fsspec().load_from_tar(mode="r", length=4)
+    assert len(dp) == 4
+    pairs = list(dp)
+    assert [p.rsplit("/", 1)[1] for p, _ in pairs] == [
+        "0000.jpg",
+        "0000.txt",
+        "0001.jpg",
+        "0001.txt",
+    ]
+    _, member = pairs[1]
+    assert member == b"caption 0\nsecond line" and member.readline() == b"caption 0\n"
+    assert member.name == "0000.txt" and member.url == path
+
+
+def test_open_files_by_fsspec_yields_stream_wrappers(tmp_path):
+    from torch.utils.data.datapipes.utils.common import StreamWrapper
+
+    (tmp_path / "x.bin").write_bytes(b"abc")
+    [(url, stream)] = IterableWrapper([str(tmp_path / "x.bin")]).open_files_by_fsspec(mode="rb")
+    assert isinstance(stream, StreamWrapper) and stream.file_obj is not None
+    assert stream.read() == b"abc"
+    stream.close()
+
+
+@pytest.mark.parametrize(
+    ("suffix", "mode"),
+    [(".tar.gz", "w:gz"), (".tgz", "w:gz"), (".tar.bz2", "w:bz2"), (".tar.xz", "w:xz")],
+    ids=["tar.gz", "tgz", "tar.bz2", "tar.xz"],
+)
+def test_compressed_tars_stream_through_load_from_tar(tmp_path, suffix, mode):
+    samples = _samples(3)
+    plain = _write(tmp_path / "p.tar", samples)
+    packed = _write(tmp_path / f"c{suffix}", samples, mode)
+
+    def read(path):
+        dp = IterableWrapper([path]).open_files_by_fsspec().load_from_tar().webdataset()
+        return [{k: v for k, v in s.items() if k != "__url__"} for s in dp]
+
+    assert read(packed) == read(plain) and len(read(packed)) == 3
