@@ -200,7 +200,7 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
 
     Yields:
         tuple[str, StreamWrapper]: The URL and the open file in a ``StreamWrapper`` (as 0.9:
-        ``.file_obj`` is the file; every file method works on the wrapper).
+            ``.file_obj`` is the file; every file method works on the wrapper).
 
     Raises:
         ShardReadError: Raised when opening or reading fails, naming the URL (never
