@@ -8,6 +8,7 @@ a list, tuple or dict), in place; the functions return the graph of the (possibl
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 from torch.utils.data import IterDataPipe, MapDataPipe
@@ -16,9 +17,8 @@ from torch.utils.data.graph import DataPipe, DataPipeGraph, traverse_dps
 __all__ = ["find_dps", "list_dps", "remove_dp", "replace_dp"]
 
 
-def find_dps(graph: DataPipeGraph, dp_type: type) -> list[DataPipe]:
-    """Stages of exactly type ``dp_type`` in ``graph`` (each once; subclasses do not count, as in 0.9)."""
-    found: list[DataPipe] = []
+def _walk_once(graph: DataPipeGraph) -> Iterator[tuple[DataPipe, DataPipeGraph]]:
+    """``(stage, graph of its sources)`` for every stage of ``graph``, each once."""
     seen: set[int] = set()
     todo = [graph]
     while todo:
@@ -26,9 +26,13 @@ def find_dps(graph: DataPipeGraph, dp_type: type) -> list[DataPipe]:
             if dp_id in seen:
                 continue
             seen.add(dp_id)
-            if type(dp) is dp_type:
-                found.append(dp)
+            yield dp, sources
             todo.append(sources)
+
+
+def find_dps(graph: DataPipeGraph, dp_type: type) -> list[DataPipe]:
+    """Stages of exactly type ``dp_type`` in ``graph`` (each once; subclasses do not count, as in 0.9)."""
+    found: list[DataPipe] = [dp for dp, _ in _walk_once(graph) if type(dp) is dp_type]
     return found
 
 
@@ -79,16 +83,9 @@ def _swap_in(holder: Any, old: Any, new: Any) -> None:
 
 
 def _rewire(graph: DataPipeGraph, old: Any, new: Any) -> None:
-    seen: set[int] = set()
-    todo = [graph]
-    while todo:
-        for dp_id, (dp, sources) in todo.pop().items():
-            if dp_id in seen:
-                continue
-            seen.add(dp_id)
-            if id(old) in sources:
-                _swap_in(dp, old, new)
-            todo.append(sources)
+    for dp, sources in _walk_once(graph):
+        if id(old) in sources:
+            _swap_in(dp, old, new)
 
 
 def _single_output(graph: DataPipeGraph) -> Any:

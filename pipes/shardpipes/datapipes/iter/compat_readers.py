@@ -81,6 +81,20 @@ class _UrlReader(StageIterDataPipe[tuple[str, Any]]):
         return len(self.source_datapipe)
 
 
+class _KeywordUrlReader(_UrlReader):
+    """A reader whose options after the source are keyword-only (0.9's GDrive and online readers)."""
+
+    def __init__(
+        self,
+        source_datapipe: IterDataPipe[str],
+        *,
+        timeout: float | None = None,
+        skip_on_error: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(source_datapipe, timeout, skip_on_error, **kwargs)
+
+
 @register("read_from_http")
 class HTTPReaderIterDataPipe(_UrlReader):
     """Open each HTTP(S) URL and yield ``(url, stream)`` (functional name: ``read_from_http``).
@@ -135,7 +149,7 @@ def _gdrive(url: str, timeout: float | None, query_params: Mapping[str, Any]) ->
 
 
 @register("read_from_gdrive")
-class GDriveReaderDataPipe(_UrlReader):
+class GDriveReaderDataPipe(_KeywordUrlReader):
     """Download each Google Drive link and yield ``(file name, stream)`` (functional name: ``read_from_gdrive``).
 
     Args:
@@ -145,36 +159,16 @@ class GDriveReaderDataPipe(_UrlReader):
         **kwargs: Passed to ``requests``.
     """
 
-    def __init__(
-        self,
-        source_datapipe: IterDataPipe[str],
-        *,
-        timeout: float | None = None,
-        skip_on_error: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(source_datapipe, timeout, skip_on_error, **kwargs)
-
     def _open(self, url: str) -> tuple[str, Any]:
         return _gdrive(url, self.timeout, self.query_params)
 
 
 @register("read_from_remote")
-class OnlineReaderIterDataPipe(_UrlReader):
+class OnlineReaderIterDataPipe(_KeywordUrlReader):
     """Open each URL, Google Drive links as ``read_from_gdrive``, others as ``read_from_http`` (functional name: ``read_from_remote``).
 
     Takes the arguments of ``GDriveReader``.
     """
-
-    def __init__(
-        self,
-        source_datapipe: IterDataPipe[str],
-        *,
-        timeout: float | None = None,
-        skip_on_error: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(source_datapipe, timeout, skip_on_error, **kwargs)
 
     def _open(self, url: str) -> tuple[str, Any]:
         if re.match(r"(drive|docs)[.]google[.]com", urllib.parse.urlparse(url).netloc):
