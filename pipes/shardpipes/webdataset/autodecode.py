@@ -141,23 +141,23 @@ def _json(data: bytes) -> Any:
     return json.loads(data)
 
 
-def unpickle_loads(data: bytes) -> Any:
-    """Unpickle ``data``; refused while :data:`shardpipes.webdataset.utils.enforce_security` is set."""
+def _refuse_when_secure(what: str) -> None:
     if utils.enforce_security:
         raise ValueError(
-            "Unpickling is not allowed for security reasons when enforce_security is set "
+            f"{what} is not allowed for security reasons when enforce_security is set "
             "(shardpipes.webdataset.utils.enforce_security = False, or WDS_SECURE=0, allows it)"
         )
+
+
+def unpickle_loads(data: bytes) -> Any:
+    """Unpickle ``data``; refused while :data:`shardpipes.webdataset.utils.enforce_security` is set."""
+    _refuse_when_secure("Unpickling")
     return pickle.loads(data)
 
 
 def torch_loads(data: bytes) -> Any:
     """``torch.load`` ``data`` on the CPU; refused while ``enforce_security`` is set."""
-    if utils.enforce_security:
-        raise ValueError(
-            "torch.loads is not allowed for security reasons when enforce_security is set "
-            "(shardpipes.webdataset.utils.enforce_security = False, or WDS_SECURE=0, allows it)"
-        )
+    _refuse_when_secure("torch.loads")
     import torch
 
     return torch.load(io.BytesIO(data), weights_only=pytorch_weights_only, map_location="cpu")
