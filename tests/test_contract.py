@@ -100,7 +100,7 @@ FACTORIES: dict[str, Callable[[Inputs], Any]] = {
     ),
     "on_disk_cache": lambda i: IterableWrapper(i.shards).map(file_url).on_disk_cache(i.cache_dir),
     "open_files_by_fsspec": lambda i: (
-        IterableWrapper(i.shards).open_files_by_fsspec().map(read_pair)
+        IterableWrapper(i.shards).open_files_by_fsspec(mode="rb").map(read_pair)
     ),
     "pin_memory": lambda i: IterableWrapper(i.items).pin_memory(),
     "prefetch": lambda i: IterableWrapper(i.items).prefetch(2),

@@ -108,7 +108,7 @@ def test_lister_empty_url():
 @pytest.mark.parametrize("scheme", ["", "file://"], ids=["path", "file-url"])
 def test_opener_yields_url_and_open_stream(tree, scheme):
     urls = [f"{scheme}{tree}/a.tar", f"{scheme}{tree}/sub/d.tar"]
-    pairs = list(IterableWrapper(urls).open_files_by_fsspec())
+    pairs = list(IterableWrapper(urls).open_files_by_fsspec(mode="rb"))
     try:
         assert [u for u, _ in pairs] == urls
         assert [s.read() for _, s in pairs] == [b"a.tar", b"sub/d.tar"]
@@ -119,6 +119,12 @@ def test_opener_yields_url_and_open_stream(tree, scheme):
 
 def test_opener_text_mode(tree):
     [(url, stream)] = list(FSSpecFileOpener(IterableWrapper([f"{tree}/c.txt"]), mode="r"))
+    with stream:
+        assert stream.read() == "c.txt"
+
+
+def test_opener_defaults_to_text_as_torchdata_09_did(tree):
+    [(_, stream)] = list(FSSpecFileOpener(IterableWrapper([f"{tree}/c.txt"])))
     with stream:
         assert stream.read() == "c.txt"
 

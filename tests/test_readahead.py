@@ -37,7 +37,7 @@ def test_next_shards_first_blocks_are_requested_while_the_current_one_is_read(
 ):
     urls = s3.put("data", shards.data)
     proxy = fault_proxy(s3.endpoint)
-    opened = iter(IterableWrapper(urls).open_files_by_fsspec(storage_options=s3.options(proxy.url)))
+    opened = iter(IterableWrapper(urls).open_files_by_fsspec(mode="rb", storage_options=s3.options(proxy.url)))
     url, stream = next(opened)
     assert stream.read(10) == shards.data[shards.names[0]][:10]
     # The opener was asked for one shard only; the next ones are looked up and fetched ahead.
@@ -79,7 +79,7 @@ def test_http_streams_probe_one_block_then_widen_before_being_read(http_server):
 
 
 def _opened(urls, **options):
-    return list(IterableWrapper(urls).open_files_by_fsspec(**options))
+    return list(IterableWrapper(urls).open_files_by_fsspec(mode="rb", **options))
 
 
 @pytest.mark.http
@@ -111,7 +111,7 @@ def test_streams_read_out_of_order_do_not_wait_forever(http_server, shards, orde
 @pytest.mark.http
 def test_budget_holds_across_streams(http_server, shards):
     urls = [http_server.add(n, d) for n, d in shards.data.items()]
-    dp = IterableWrapper(urls).open_files_by_fsspec(block_size=4096, readahead=3)
+    dp = IterableWrapper(urls).open_files_by_fsspec(mode="rb", block_size=4096, readahead=3)
     pools = set()
     total = 0
     for _, stream in dp:
@@ -132,7 +132,7 @@ def test_automatic_budget_stays_within_64_mib(http_server):
     urls = [http_server.add(f"s{i}.bin", data[: (40 << 20)]) for i in range(4)]
     peak_block = 0
     pools = set()
-    for _, stream in IterableWrapper(urls).open_files_by_fsspec():
+    for _, stream in IterableWrapper(urls).open_files_by_fsspec(mode="rb"):
         pools.add(stream._q.pool)
         peak_block = max(peak_block, stream._block_size)
         while stream.read(1 << 20):
@@ -188,7 +188,7 @@ def test_sizes_from_the_listing_save_the_look_ups(s3, shards, fault_proxy):
     dp = (
         IterableWrapper(["s3://data/"])
         .list_files_by_fsspec(masks="*.tar", storage_options=opts)
-        .open_files_by_fsspec(storage_options=opts)
+        .open_files_by_fsspec(mode="rb", storage_options=opts)
     )
     got = {u.rsplit("/", 1)[1]: s.read() for u, s in dp}
     assert got == shards.data

@@ -118,3 +118,42 @@ def test_compressed_tars_stream_through_load_from_tar(tmp_path, suffix, mode):
         return [{k: v for k, v in s.items() if k != "__url__"} for s in dp]
 
     assert read(packed) == read(plain) and len(read(packed)) == 3
+
+
+def _members(dp):
+    return [(url.rsplit("/", 1)[1], bytes(value)) for url, value in dp]
+
+
+def test_the_text_default_reads_tars_as_bytes_locally(tmp_path):
+    # 0.9's open_files_by_fsspec opened in text mode by default; a tar pipeline written without
+    # mode="rb" reads the same bytes, through the mapped-file path (the stream's binary file).
+    from shardpipes.formats.stream import binary_stream
+
+    path = _write(tmp_path / "a.tar", _samples(3))
+    text = list(IterableWrapper([path]).open_files_by_fsspec().load_from_tar())
+    binary = list(IterableWrapper([path]).open_files_by_fsspec(mode="rb").load_from_tar())
+    assert _members(text) == _members(binary) and len(text) == 6
+    [(_, stream)] = list(IterableWrapper([path]).open_files_by_fsspec())
+    with stream:
+        assert isinstance(stream.file_obj, io.TextIOBase)
+        assert binary_stream(stream).read(5) == open(path, "rb").read(5)
+
+
+def test_the_text_default_reads_remote_tars_as_bytes(s3, tmp_path):
+    data = {
+        f"{n}.tar": open(_write(tmp_path / f"{n}.tar", _samples(2, 2 * n)), "rb").read()
+        for n in range(3)
+    }
+    urls = s3.put("text-default", data)
+    opts = s3.options()
+    text = list(IterableWrapper(urls).open_files_by_fsspec(storage_options=opts).load_from_tar())
+    binary = list(
+        IterableWrapper(urls).open_files_by_fsspec(mode="rb", storage_options=opts).load_from_tar()
+    )
+    assert _members(text) == _members(binary) and len(text) == 12
+
+
+def test_a_text_stream_without_a_buffer_is_refused_by_name(tmp_path):
+    dp = IterableWrapper([("x.tar", io.StringIO("not bytes"))]).load_from_tar()
+    with pytest.raises(TypeError, match="mode='rb'"):
+        list(dp)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
-from typing import Any
+from typing import IO, Any, cast
 
-__all__ = ["StreamBytes"]
+__all__ = ["StreamBytes", "binary_stream"]
 
 
 class StreamBytes(bytes):
@@ -106,3 +106,31 @@ class StreamBytes(bytes):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (StreamBytes, (bytes(self),))
+
+
+def binary_stream(stream: IO[Any]) -> IO[bytes]:
+    """The binary file under a text-mode stream, else ``stream`` itself.
+
+    ``open_files_by_fsspec`` opens in text mode by default, as torchdata 0.9 did (``mode="r"``),
+    and archives are bytes: a stream opened in text mode and not yet read (as the opener hands
+    it over) is read by the archive and decompression stages through its binary ``buffer``, so
+    ``open_files_by_fsspec().load_from_tar()`` reads the same bytes with either mode. (0.9
+    failed there and needed ``mode="rb"``.)
+    """
+    inner = getattr(stream, "file_obj", stream)  # a StreamWrapper (open_files_by_fsspec's)
+    if isinstance(inner, io.TextIOBase):
+        buffer = getattr(inner, "buffer", None)
+        if buffer is None:
+            raise TypeError(
+                f"an archive is read as bytes, but got a text stream ({type(inner).__name__}) "
+                "without a binary buffer: open it with mode='rb'"
+            )
+        raw = getattr(buffer, "raw", None)
+        if type(buffer) is io.BufferedReader and raw is not None:
+            try:
+                if buffer.tell() == raw.tell():  # nothing buffered: read the file underneath
+                    return cast(IO[bytes], raw)
+            except (OSError, ValueError):
+                pass
+        return cast(IO[bytes], buffer)
+    return stream

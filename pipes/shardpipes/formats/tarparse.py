@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any, NamedTuple
 
 from shardpipes.errors import ShardFormatError
-from shardpipes.formats.stream import StreamBytes
+from shardpipes.formats.stream import StreamBytes, binary_stream
 from shardpipes.formats.tarheaders import (
     BLOCK,
     NO_PAX,
@@ -99,6 +99,7 @@ def iter_tar(
         ShardFormatError: Empty file, truncated member, corrupt header; the message names
             ``url`` and the byte offset.
     """
+    stream = binary_stream(stream)
     mapped = _map(stream) if require_end and start_offset == 0 else None
     if mapped is not None and _compression(mapped[:6]) is not None:
         mapped.close()  # a compressed file: decompress it as a stream (the file is still at 0)

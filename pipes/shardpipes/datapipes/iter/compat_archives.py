@@ -24,6 +24,7 @@ from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.utils.common import StreamWrapper, validate_pathname_binary_tuple
 
 from shardpipes.datapipes.iter._base import StageIterDataPipe, register
+from shardpipes.formats.stream import binary_stream
 
 __all__ = [
     "Bz2FileLoaderIterDataPipe",
@@ -71,7 +72,7 @@ class ZipArchiveLoaderIterDataPipe(_NominalLength):
             validate_pathname_binary_tuple(pair)
             path, stream = pair
             try:
-                archive = zipfile.ZipFile(stream)
+                archive = zipfile.ZipFile(binary_stream(stream))
                 for info in archive.infolist():
                     if info.is_dir():
                         continue
@@ -101,7 +102,7 @@ def _decompressed(
         try:
             yield (
                 _drop_suffix(path, suffix),
-                StreamWrapper(opener(stream, mode="rb"), _parent(stream), name=path),
+                StreamWrapper(opener(binary_stream(stream), mode="rb"), _parent(stream), name=path),
             )
         except Exception as exc:
             warnings.warn(
@@ -221,7 +222,9 @@ class DecompressorIterDataPipe(IterDataPipe[tuple[str, Any]]):
                 yield (
                     path,
                     StreamWrapper(
-                        _open_compressed(self._detect(path), file), _parent(file), name=path
+                        _open_compressed(self._detect(path), binary_stream(file)),
+                        _parent(file),
+                        name=path,
                     ),
                 )
             finally:

@@ -18,6 +18,7 @@ import torch
 from torch.utils.data.datapipes.utils.common import validate_pathname_binary_tuple
 
 from shardpipes.datapipes.iter._base import StageIterDataPipe, register
+from shardpipes.formats.stream import binary_stream
 
 __all__ = [
     "SequenceExampleSpec",
@@ -240,7 +241,7 @@ class TFRecordLoaderIterDataPipe(StageIterDataPipe[TFRecordExample]):
             validate_pathname_binary_tuple(cast(Any, pair))
             path, stream = pair
             try:
-                for record in _records(stream):
+                for record in _records(binary_stream(stream)):
                     yield _parse_record(record, self.spec)
             except RuntimeError as exc:
                 warnings.warn(

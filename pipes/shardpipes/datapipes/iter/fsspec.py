@@ -176,7 +176,9 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
 
     Args:
         source_datapipe: URLs to open.
-        mode: ``"rb"`` (default) or ``"r"``.
+        mode: ``"r"`` (text, the default, as in torchdata 0.9) or ``"rb"``. ``load_from_tar``
+            reads a text-mode stream through its binary buffer, so a tar pipeline works with
+            either; byte ranges from ``sharding_by_index`` are always opened binary.
         storage_options: Passed to the fsspec filesystem: endpoint, credentials, anonymous
             access, profile (for example ``{"anon": True}``, ``{"profile": "prod"}``,
             ``{"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}``, or HTTP
@@ -214,13 +216,15 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
         >>> _ = p.write_bytes(b"abc")
         >>> from shardpipes.datapipes.iter import FSSpecFileOpener, IterableWrapper
         >>> [(u == str(p), s.read()) for u, s in FSSpecFileOpener(IterableWrapper([str(p)]))]
-        [(True, b'abc')]
+        [(True, 'abc')]
+        >>> [s.read() for _, s in FSSpecFileOpener(IterableWrapper([str(p)]), mode="rb")]
+        [b'abc']
     """
 
     def __init__(
         self,
         source_datapipe: Iterable[str],
-        mode: str = "rb",
+        mode: str = "r",
         *,
         storage_options: Mapping[str, Any] | None = None,
         open_kwargs: Mapping[str, Any] | None = None,
