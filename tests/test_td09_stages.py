@@ -217,3 +217,74 @@ def test_on_disk_cache_keeps_the_shardpipes_form(tmp_path):
 def test_end_caching_without_a_holder_is_an_error():
     with pytest.raises(RuntimeError, match="Expected `OnDiskCacheHolder`"):
         IterableWrapper([("a", b"x")]).end_caching()
+
+
+def test_webdataset_groups_plain_pairs_as_09_did():
+    # 0.9 grouped (path, value) pairs of any kind: values kept as they are, no __url__, and a
+    # path without an extension (metadata) left out: here counted and warned about.
+    pairs = [
+        ("/p/file1.jpg", b"1"),
+        ("/p/_something_", b"nothing"),
+        ("/p/file1.cls", "two"),
+        ("/p/file2.jpg", b"3"),
+        ("/p/file2.cls", 4),
+    ]
+    dp = IterableWrapper(pairs).webdataset()
+    with pytest.warns(UserWarning, match="'/p/_something_' has no extension"):
+        out = list(dp)
+    assert out == [
+        {"__key__": "/p/file1", ".jpg": b"1", ".cls": "two"},
+        {"__key__": "/p/file2", ".jpg": b"3", ".cls": 4},
+    ]
+    assert dp.skipped.samples == 1
+
+
+def test_load_from_tar_reads_a_tarfile_from_decompress(tmp_path):
+    # 0.9's decompress() turns a .tar.gz into an opened tarfile.TarFile; load_from_tar reads it.
+    import tarfile
+
+    path = tmp_path / "x.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in (("a.txt", b"alpha"), ("b.bin", b"\x00\x01")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    dp = IterableWrapper([str(path)]).open_files_by_fsspec(mode="rb").decompress().load_from_tar()
+    got = [(p.rsplit("/", 1)[1], bytes(v)) for p, v in dp]
+    assert got == [("a.txt", b"alpha"), ("b.bin", b"\x00\x01")]
+
+
+def _same(x):
+    return x
+
+
+_WHILE_CACHING = {}
+
+
+def _fetch_while_another_copy_waits(path):
+    other = _WHILE_CACHING["other"]
+    with pytest.raises(TimeoutError, match="OnDiskCache Exception: .*f.bin .*0.2 seconds"):
+        list(other)
+    _WHILE_CACHING["seen"] = path
+    return path, b"data"
+
+
+def test_cache_timeout_bounds_the_wait_for_a_file_another_reader_promised(tmp_path):
+    # While this graph holds the promise to write the file (inside its map), a copy of it (as
+    # a worker process has) with CacheTimeout(0.2) waits for that file and gives up with 0.9's error.
+    import copy
+
+    from shardpipes.dataloader2.adapter import CacheTimeout
+
+    target = str(tmp_path / "f.bin")
+    graph = (
+        IterableWrapper([target])
+        .on_disk_cache(filepath_fn=_same)
+        .map(_fetch_while_another_copy_waits)
+        .end_caching(mode="wb", filepath_fn=_same, skip_read=True)
+    )
+    _WHILE_CACHING.clear()
+    _WHILE_CACHING["other"] = CacheTimeout(0.2)(copy.deepcopy(graph))
+    assert list(graph) == [target]
+    assert _WHILE_CACHING["seen"] == target
+    assert (tmp_path / "f.bin").read_bytes() == b"data"

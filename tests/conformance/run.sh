@@ -22,6 +22,6 @@ while read -r id _; do
   [[ -z "$id" || "$id" == \#* ]] || args+=(--deselect "$id")
 done < "$here/torchdata09-deselect.txt"
 select=("$@")
-[ ${#select[@]} -gt 0 ] || select=(test -q -p no:warnings -rfE
+[ ${#select[@]} -gt 0 ] || select=(test -p no:warnings -rfE
   -k "not ((test_dataloader2 or test_mprs) and (spawn or forkserver)) and not (test_distributed and elastic)")
 exec bash "$runner" "${select[@]}" ${args[@]+"${args[@]}"}

@@ -11,6 +11,8 @@ from abc import abstractmethod
 from torch.utils.data.graph import DataPipe, traverse_dps
 from torch.utils.data.graph_settings import apply_shuffle_settings, get_all_graph_pipes
 
+from shardpipes.datapipes.iter.compat_cache import WaitPendingCacheItemIterDataPipe
+
 __all__ = ["Adapter", "CacheTimeout", "Shuffle"]
 
 
@@ -59,6 +61,6 @@ class CacheTimeout(Adapter):
     def __call__(self, datapipe: DataPipe) -> DataPipe:
         """Set the timeout of every stage of the graph that waits for cached files."""
         for dp in get_all_graph_pipes(traverse_dps(datapipe)):
-            if callable(getattr(dp, "set_cache_timeout", None)):
-                dp.set_cache_timeout(self.timeout)
+            if isinstance(dp, WaitPendingCacheItemIterDataPipe):
+                dp.set_timeout(self.timeout)
         return datapipe

@@ -25,6 +25,7 @@ import lzma
 import mmap
 import os
 import stat
+import tarfile
 import zlib
 from collections.abc import Callable, Iterator
 from typing import IO, Any, NamedTuple
@@ -100,6 +101,10 @@ def iter_tar(
             ``url`` and the byte offset.
     """
     stream = binary_stream(stream)
+    opened = getattr(stream, "file_obj", stream)
+    if isinstance(opened, tarfile.TarFile):  # torchdata 0.9's decompress() of a .tar.gz
+        yield from _iter_tarfile(opened, url)
+        return
     mapped = _map(stream) if require_end and start_offset == 0 else None
     if mapped is not None and _compression(mapped[:6]) is not None:
         mapped.close()  # a compressed file: decompress it as a stream (the file is still at 0)
@@ -116,6 +121,26 @@ def iter_tar(
             mapped.close()
         except BufferError:  # a numpy view still held by a traceback: the GC unmaps it
             pass
+
+
+def _iter_tarfile(tar: tarfile.TarFile, url: str) -> Iterator[TarEntry]:
+    """The regular files of an archive that Python's ``tarfile`` has already opened."""
+    info = None
+    try:
+        for info in tar:
+            if not info.isfile():
+                continue
+            member = tar.extractfile(info)
+            data = member.read() if member is not None else b""
+            yield _entry(TarEntry, (info.name, StreamBytes(data), info.offset, info.offset_data))
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        where = info.offset if info is not None else 0
+        raise ShardFormatError(
+            f"{url}: corrupt tar archive after byte offset {where}: {exc}",
+            url=url,
+            offset=where,
+            member=info.name if info is not None else None,
+        ) from exc
 
 
 def _compression(head: bytes) -> str | None:

@@ -208,15 +208,14 @@ class WaitPendingCacheItemIterDataPipe(IterDataPipe[Any]):
         for data in self.source_datapipe:
             path = data if self.input_col is None else data[self.input_col]
             promise = _promise(path, self.cache_uuid)
-            waited = 0.0
+            deadline = time.monotonic() + self.timeout
             while os.path.exists(promise):
-                if waited > self.timeout:
+                if time.monotonic() > deadline:
                     raise TimeoutError(
                         f"OnDiskCache Exception: {path} expected to be written by different "
                         f"process, but file is not ready in {self.timeout} seconds."
                     )
                 time.sleep(0.01)
-                waited += 0.01
             yield data
 
 

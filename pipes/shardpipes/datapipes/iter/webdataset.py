@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from typing import IO, Any
 
 from shardpipes.datapipes.iter._base import StageIterDataPipe, register
 from shardpipes.datapipes.iter.tar import TarArchiveLoaderIterDataPipe
-from shardpipes.errors import SampleFormatError
+from shardpipes.errors import SampleFormatError, SkippedInputWarning
 from shardpipes.formats.samples import duplicate_field, key_again, no_extension, split_key
 from shardpipes.formats.stream import StreamBytes
 from shardpipes.formats.tarparse import TarEntry
@@ -76,11 +77,27 @@ class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
             return
         count = 0
         last_url = None
+        warned = False
         for path, stream in src:
             url = getattr(stream, "url", None)
             name = getattr(stream, "name", None)
             if url is None or not isinstance(name, str):
-                url, name = "", path  # a foreign source: the key keeps the full path
+                # A foreign source ((path, value) pairs, as torchdata 0.9 took): the key keeps
+                # the full path, the value is kept as it is, the sample has no __url__, and a
+                # path without an extension is metadata, left out (0.9's rule), counted in
+                # ``skipped`` and warned about once.
+                url, name = "", path
+                if not split_key(path)[1]:
+                    self.skipped.record(path, no_extension(path, path))
+                    if not warned:
+                        warned = True
+                        warnings.warn(
+                            f"webdataset(): {path!r} has no extension; left out as metadata, as "
+                            "torchdata 0.9 did (further ones are counted in .skipped)",
+                            SkippedInputWarning,
+                            stacklevel=2,
+                        )
+                    continue
             count = 0 if url != last_url else count + 1
             last_url = url
             # A TarMember knows its byte offset: a shard listed twice in a row then starts
@@ -88,8 +105,13 @@ class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
             offset = getattr(stream, "offset", None)
             if not isinstance(offset, int):
                 offset = count
-            data = stream if isinstance(stream, StreamBytes) else StreamBytes(stream.read())
-            stream.close()
+            if isinstance(stream, StreamBytes):
+                data = stream
+            elif hasattr(stream, "read"):
+                data = StreamBytes(stream.read())
+                stream.close()
+            else:
+                data = stream  # a value already read (bytes, str, a decoded object): as it is
             yield url, TarEntry(name, data, offset, offset)
 
     def __iter__(self) -> Iterator[Sample]:
@@ -132,6 +154,8 @@ class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
                     seen.add(member_key)
                     key = member_key
                     sample = {"__key__": member_key, "__url__": member_url}
+                    if not member_url:
+                        del sample["__url__"]  # a foreign source: 0.9's samples had none
                 elif sample is None:
                     continue  # the rest of a sample that was already skipped
                 if ext in sample:
@@ -153,7 +177,7 @@ class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
         missing = [e for e in required if e not in sample]
         if not missing:
             return sample
-        url = sample["__url__"]
+        url = sample.get("__url__", "")
         have = ", ".join(k for k in sample if not k.startswith("__"))
         exc = SampleFormatError(
             f"{url}: sample {sample['__key__']!r} has no {', '.join(missing)} (it has {have})",
