@@ -37,7 +37,9 @@ def test_next_shards_first_blocks_are_requested_while_the_current_one_is_read(
 ):
     urls = s3.put("data", shards.data)
     proxy = fault_proxy(s3.endpoint)
-    opened = iter(IterableWrapper(urls).open_files_by_fsspec(mode="rb", storage_options=s3.options(proxy.url)))
+    opened = iter(
+        IterableWrapper(urls).open_files_by_fsspec(mode="rb", storage_options=s3.options(proxy.url))
+    )
     url, stream = next(opened)
     assert stream.read(10) == shards.data[shards.names[0]][:10]
     # The opener was asked for one shard only; the next ones are looked up and fetched ahead.

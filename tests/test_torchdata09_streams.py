@@ -1,6 +1,7 @@
 """Values read like torchdata 0.9's streams and still are bytes; compressed tars; 0.9 stage arguments (issue 16)."""
 
 import io
+import pathlib
 import pickle
 import tarfile
 
@@ -136,12 +137,12 @@ def test_the_text_default_reads_tars_as_bytes_locally(tmp_path):
     [(_, stream)] = list(IterableWrapper([path]).open_files_by_fsspec())
     with stream:
         assert isinstance(stream.file_obj, io.TextIOBase)
-        assert binary_stream(stream).read(5) == open(path, "rb").read(5)
+        assert binary_stream(stream).read(5) == pathlib.Path(path).read_bytes()[:5]
 
 
 def test_the_text_default_reads_remote_tars_as_bytes(s3, tmp_path):
     data = {
-        f"{n}.tar": open(_write(tmp_path / f"{n}.tar", _samples(2, 2 * n)), "rb").read()
+        f"{n}.tar": pathlib.Path(_write(tmp_path / f"{n}.tar", _samples(2, 2 * n))).read_bytes()
         for n in range(3)
     }
     urls = s3.put("text-default", data)
