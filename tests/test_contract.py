@@ -106,7 +106,7 @@ FACTORIES: dict[str, Callable[[Inputs], Any]] = {
     "prefetch": lambda i: IterableWrapper(i.items).prefetch(2),
     "save_by_fsspec": lambda i: IterableWrapper(
         [(os.path.join(i.out_dir, f"{x}.bin"), bytes([x])) for x in i.items]
-    ).save_by_fsspec(),
+    ).save_by_fsspec(mode="wb"),
     "set_length": lambda i: IterableWrapper(i.items).set_length(len(i.items)),
     "sharding_by_index": lambda i: _sharding_by_index(i).map(range_fields),
     "shard_expand": lambda i: IterableWrapper(

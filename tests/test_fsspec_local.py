@@ -34,8 +34,8 @@ def rel(root: str, paths: list[str]) -> list[str]:
 @pytest.mark.parametrize(
     ("suffix", "kwargs", "expected"),
     [
-        ("", {}, ["a.tar", "b.tar", "c.txt"]),
-        ("/", {}, ["a.tar", "b.tar", "c.txt"]),
+        ("", {}, ["a.tar", "b.tar", "c.txt", "empty", "sub"]),
+        ("/", {}, ["a.tar", "b.tar", "c.txt", "empty", "sub"]),
         ("", {"recursive": True}, ["a.tar", "b.tar", "c.txt", "sub/d.tar", "sub/deeper/e.tar"]),
         ("", {"masks": "*.tar"}, ["a.tar", "b.tar"]),
         ("", {"masks": ["*.txt", "b*"]}, ["b.tar", "c.txt"]),
@@ -74,7 +74,15 @@ def test_lister_lists_sorted_files(tree, scheme, suffix, kwargs, expected):
 
 def test_lister_keeps_the_order_of_its_inputs(tree):
     dp = IterableWrapper([f"{tree}/sub", tree]).list_files_by_fsspec()
-    assert rel(tree, list(dp)) == ["sub/d.tar", "a.tar", "b.tar", "c.txt"]
+    assert rel(tree, list(dp)) == [
+        "sub/d.tar",
+        "sub/deeper",
+        "a.tar",
+        "b.tar",
+        "c.txt",
+        "empty",
+        "sub",
+    ]
 
 
 def test_lister_on_an_empty_input_list():
@@ -183,7 +191,7 @@ def test_saver_writes_and_yields_each_url(tmp_path):
         (os.fspath(tmp_path / "out/x/a.bin"), b"abc"),
         ("file://" + os.fspath(tmp_path / "out/b.bin"), b""),
     ]
-    got = list(IterableWrapper(items).save_by_fsspec())
+    got = list(IterableWrapper(items).save_by_fsspec(mode="wb"))
     assert got == [u for u, _ in items]
     assert (tmp_path / "out/x/a.bin").read_bytes() == b"abc"
     assert (tmp_path / "out/b.bin").read_bytes() == b""
@@ -203,14 +211,40 @@ def test_saver_text_mode_and_filepath_fn(tmp_path):
 
 def test_saver_overwrites(tmp_path):
     path = os.fspath(tmp_path / "a.bin")
-    list(IterableWrapper([(path, b"first")]).save_by_fsspec())
-    list(IterableWrapper([(path, b"2")]).save_by_fsspec())
+    list(IterableWrapper([(path, b"first")]).save_by_fsspec(mode="wb"))
+    list(IterableWrapper([(path, b"2")]).save_by_fsspec(mode="wb"))
     assert (tmp_path / "a.bin").read_bytes() == b"2"
 
 
 def test_saver_bad_mode():
-    with pytest.raises(ValueError, match=r"mode 'rb' is not supported; must be one of 'wb', 'w'"):
+    with pytest.raises(ValueError, match=r"mode 'rb' is not a write mode"):
         IterableWrapper([]).save_by_fsspec(mode="rb")
+
+
+def test_saver_defaults_to_text_as_torchdata_09_did(tmp_path):
+    path = os.fspath(tmp_path / "a.txt")
+    saver = IterableWrapper([(path, "caf\u00e9")]).save_by_fsspec(
+        kwargs_for_open={"encoding": "latin-1"}
+    )
+    assert len(saver) == 1 and list(saver) == [path]
+    assert (tmp_path / "a.txt").read_bytes() == b"caf\xe9"
+
+
+def test_saver_bytes_in_text_mode_names_the_url_and_the_mode(tmp_path):
+    path = os.fspath(tmp_path / "a.bin")
+    with pytest.raises(TypeError, match=rf"{re.escape(path)}: .*mode='w'.* use mode='wb'"):
+        list(IterableWrapper([(path, b"x")]).save_by_fsspec())
+
+
+def test_lister_yields_subdirectories_as_torchdata_09_did(tree):
+    # 0.9 listed a directory's entries, files and folders: class folders listed again give files.
+    dp = FSSpecFileLister(tree, masks="sub").list_files_by_fsspec()
+    assert rel(tree, list(dp)) == ["sub/d.tar", "sub/deeper"]
+
+
+def test_lister_yields_a_file_url_as_given(tree):
+    url = "file://" + tree + "//a.tar"
+    assert list(FSSpecFileLister(url)) == [url]
 
 
 def test_list_open_tar_round_trip(tmp_path):

@@ -71,7 +71,10 @@ class OpenedFile(StreamWrapper):
 class FSSpecFileListerIterDataPipe(StageIterDataPipe[str]):
     """List the files under URLs, directories or glob patterns (functional name: ``list_files_by_fsspec``).
 
-    Each input (or ``root`` itself) may be a file, a directory or a glob pattern. Output URLs are
+    Each input (or ``root`` itself) may be a file, a directory or a glob pattern. A file is
+    yielded as given; a directory gives its entries, files and subdirectories (as torchdata 0.9
+    listed them: ``list_files_by_fsspec`` again lists a subdirectory), or with
+    ``recursive=True`` every file below it; a glob gives the files it matches. Output URLs are
     sorted within each input, so every rank and worker sees the same list in the same order.
 
     Args:
@@ -149,9 +152,9 @@ class FSSpecFileListerIterDataPipe(StageIterDataPipe[str]):
             if self.recursive:
                 found = list(fs.find(path))
             else:
-                found = [e["name"] for e in fs.ls(path, detail=True) if e["type"] != "directory"]
+                found = [e["name"] for e in fs.ls(path, detail=True) if e["name"] != path]
         elif fs.exists(path):
-            found = [path]
+            return [url] if self._matches(path) else []  # a file: as given (as 0.9 did)
         else:
             safe = Redactor(url, None).url
             msg = f"{safe}: no such file or directory"
@@ -311,16 +314,29 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
                 continue
             yield url, stream
 
+    def __len__(self) -> int:
+        """The number of URLs, as in torchdata 0.9 (unknown when a handler may skip some)."""
+        if not self.handler.raises:
+            raise TypeError(
+                f"{type(self).__name__} instance doesn't have valid length: "
+                "its handler may skip URLs"
+            )
+        return len(cast(Any, self.source_datapipe))
+
 
 @register("save_by_fsspec")
 class FSSpecSaverIterDataPipe(StageIterDataPipe[str]):
     """Write ``(url, data)`` pairs to their URLs and yield each URL (functional name: ``save_by_fsspec``).
 
     Args:
-        source_datapipe: Pairs of destination URL and ``bytes`` (or ``str`` with ``mode="w"``).
-        mode: ``"wb"`` (default) or ``"w"``.
-        filepath_fn: Maps the incoming URL to the destination URL. Default: unchanged.
+        source_datapipe: Pairs of metadata (the destination URL, or what ``filepath_fn`` maps
+            to it) and data: ``str`` in text mode (the default, as in torchdata 0.9), ``bytes``
+            with ``mode="wb"``.
+        mode: A write mode for ``fs.open``: ``"w"`` (default), ``"wb"``, ``"a"``, ``"ab"``, ...
+        filepath_fn: Maps the metadata to the destination URL. Default: unchanged.
+        kwargs_for_open: Passed to ``fs.open`` (``encoding``, ...).
         storage_options: Passed to the fsspec filesystem.
+        **kwargs: Also passed to the fsspec filesystem, as torchdata 0.9 did (``anon=True``).
 
     Yields:
         str: The URL written.
@@ -329,33 +345,46 @@ class FSSpecSaverIterDataPipe(StageIterDataPipe[str]):
         >>> import tempfile, os
         >>> d = tempfile.mkdtemp()
         >>> from shardpipes.datapipes.iter import IterableWrapper
-        >>> out = list(IterableWrapper([(os.path.join(d, "a.bin"), b"xy")]).save_by_fsspec())
+        >>> out = list(IterableWrapper([(os.path.join(d, "a.bin"), b"xy")]).save_by_fsspec(mode="wb"))
         >>> open(out[0], "rb").read()
         b'xy'
     """
 
     def __init__(
         self,
-        source_datapipe: Iterable[tuple[str, bytes | str]],
-        mode: str = "wb",
+        source_datapipe: Iterable[tuple[Any, bytes | str]],
+        mode: str = "w",
         filepath_fn: Any = None,
         *,
+        kwargs_for_open: Mapping[str, Any] | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        **kwargs: Any,
     ) -> None:
-        if mode not in ("wb", "w"):
-            raise ValueError(f"mode {mode!r} is not supported; must be one of 'wb', 'w'")
+        if not (set(mode) <= set("wbaxt+") and len(set(mode) & set("wax")) == 1):
+            raise ValueError(f"mode {mode!r} is not a write mode (for example 'w', 'wb', 'ab')")
         self.source_datapipe = source_datapipe
         self.mode = mode
         self.filepath_fn = filepath_fn
-        self.storage_options = dict(storage_options or {})
+        self.kwargs_for_open = dict(kwargs_for_open or {})
+        self.storage_options = {**(storage_options or {}), **kwargs}
 
     def __iter__(self) -> Iterator[str]:
-        for url, data in self.source_datapipe:
-            dest = self.filepath_fn(url) if self.filepath_fn is not None else url
+        for meta, data in self.source_datapipe:
+            dest = self.filepath_fn(meta) if self.filepath_fn is not None else meta
             fs, path = filesystem(dest, self.storage_options)
             parent = posixpath.dirname(path)
             if parent:
                 fs.makedirs(parent, exist_ok=True)
-            with fs.open(path, self.mode) as f:
-                f.write(data)
+            with fs.open(path, self.mode, **self.kwargs_for_open) as f:
+                try:
+                    f.write(data)
+                except TypeError as exc:
+                    hint = "use mode='wb'" if "b" not in self.mode else "use mode='w'"
+                    raise TypeError(
+                        f"{Redactor(dest, None).url}: save_by_fsspec(mode={self.mode!r}) got "
+                        f"{type(data).__name__} data: {hint}"
+                    ) from exc
             yield dest
+
+    def __len__(self) -> int:
+        return len(cast(Any, self.source_datapipe))
