@@ -368,3 +368,49 @@ def test_torch_dataloader_with_workers_yields_every_sample_once(shard_pattern):
     loader = DataLoader(dp, batch_size=None, num_workers=2)
     ids = [s[".json"]["id"] for s in loader]
     assert sorted(ids) == list(range(11 + 13 + 17 + 19 + 23 + 29 + 31))
+
+
+class CountingSource(IterDataPipe):
+    """``range(n)`` that counts how many items were read from it."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.reads = 0
+
+    def __iter__(self):
+        for i in range(self.n):
+            self.reads += 1
+            yield i
+
+
+def test_prefetch_pause_stops_reading_until_resume():
+    # torchdata 0.9's pause(): once it returns, the source is not read until resume().
+    src = CountingSource(50)
+    dp = src.prefetch(3)
+    it = iter(dp)
+    assert next(it) == 0
+    dp.pause()
+    reads = src.reads
+    time.sleep(0.3)  # a producer that ignored pause() would read on (and fill the buffer)
+    assert src.reads == reads
+    dp.resume()
+    assert [0, *list(it)] == list(range(50))
+
+
+def test_prefetch_a_new_iteration_after_pause_starts_unpaused():
+    dp = CountingSource(5).prefetch(2)
+    it = iter(dp)
+    next(it)
+    dp.pause()
+    assert list(iter(dp)) == [0, 1, 2, 3, 4]  # 0.9's reset after pause
+    del it
+
+
+def test_fullsync_has_09s_pause_resume_shutdown():
+    dp = IterableWrapper(range(3)).fullsync()
+    it = iter(dp)
+    assert next(it) == 0
+    dp.pause()
+    dp.resume()
+    dp.shutdown()
+    assert list(it) == [1, 2]

@@ -20,6 +20,42 @@ _ITEM, _END, _ERROR = 0, 1, 2
 _POLL = 0.05  # seconds; how often a blocked producer checks whether the consumer left
 
 
+class _Control:
+    """One iteration's producer: stopped, paused, and whether it is reading the source now."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self._cond = threading.Condition()
+        self._paused = False
+        self._reading = False
+
+    def start_read(self) -> bool:
+        """Wait while paused; ``False`` once stopped. Else the producer may read one item."""
+        with self._cond:
+            while self._paused and not self.stop.is_set():
+                self._cond.wait(_POLL)
+            if self.stop.is_set():
+                return False
+            self._reading = True
+            return True
+
+    def end_read(self) -> None:
+        with self._cond:
+            self._reading = False
+            self._cond.notify_all()
+
+    def pause(self) -> None:
+        with self._cond:
+            self._paused = True
+            while self._reading and not self.stop.is_set():
+                self._cond.wait(_POLL)
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+
 @register("prefetch")
 class PrefetcherIterDataPipe(StageIterDataPipe[T]):
     """Read ahead of the consumer in a background thread (functional name: ``prefetch``).
@@ -43,10 +79,39 @@ class PrefetcherIterDataPipe(StageIterDataPipe[T]):
             raise ValueError(f"buffer_size should be a positive integer, got {buffer_size!r}")
         self.source_datapipe = source_datapipe
         self.buffer_size = buffer_size
+        self._control: _Control | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(super().__getstate__())  # type: ignore[no-untyped-call]
+        state["_control"] = None  # the running iteration's thread stays with its process
+        return state
+
+    def pause(self) -> None:
+        """Stop reading the source (torchdata 0.9): returns once the thread reads no more.
+
+        Items already read stay ready for the consumer; the next iteration starts unpaused.
+        """
+        control = self._control
+        if control is not None:
+            control.pause()
+
+    def resume(self) -> None:
+        """Read the source again after :meth:`pause`."""
+        control = self._control
+        if control is not None:
+            control.resume()
+
+    def shutdown(self) -> None:
+        """Stop the background thread of the current iteration (torchdata 0.9)."""
+        control = self._control
+        if control is not None:
+            control.stop.set()
+            control.resume()
 
     def __iter__(self) -> Iterator[T]:
         q: queue.Queue[tuple[int, Any]] = queue.Queue(self.buffer_size)
-        stop = threading.Event()
+        self._control = control = _Control()
+        stop = control.stop
 
         def put(entry: tuple[int, Any]) -> bool:
             while not stop.is_set():
@@ -63,7 +128,15 @@ class PrefetcherIterDataPipe(StageIterDataPipe[T]):
                 # iter() inside the try: a source whose __iter__ raises at once must reach
                 # the consumer, which otherwise waits on the queue forever.
                 it = iter(self.source_datapipe)
-                for item in it:
+                while True:
+                    if not control.start_read():
+                        return
+                    try:
+                        item = next(it)
+                    except StopIteration:
+                        break
+                    finally:
+                        control.end_read()
                     if not put((_ITEM, item)):
                         return
                 put((_END, None))
@@ -87,6 +160,7 @@ class PrefetcherIterDataPipe(StageIterDataPipe[T]):
                 yield value
         finally:
             stop.set()
+            control.resume()
             # An abandoned iteration may be finalised by the garbage collector in any thread,
             # even fsspec's event-loop thread, which a producer reading a remote shard waits
             # on: joining there would deadlock. Elsewhere the producer sees `stop` within a

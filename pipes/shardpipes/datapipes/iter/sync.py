@@ -144,6 +144,18 @@ class FullSyncIterDataPipe(StageIterDataPipe[T]):
         """``False``: it runs once, in the main process, over what all workers yield (0.9's protocol)."""
         return False
 
+    # torchdata 0.9's FullSync read one item ahead in a thread, which pause() held. This one
+    # reads only when asked (a chunk at a time, between collectives), so nothing runs between
+    # next() calls: pause, resume and shutdown have nothing to hold and return at once.
+    def pause(self) -> None:
+        """Kept for torchdata 0.9's API: nothing is read in the background, so nothing to pause."""
+
+    def resume(self) -> None:
+        """Kept for torchdata 0.9's API (see :meth:`pause`)."""
+
+    def shutdown(self) -> None:
+        """Kept for torchdata 0.9's API: no thread to stop."""
+
     def __iter__(self) -> Iterator[T]:
         self.stats = stats = SyncStats()
         if not dist.is_available() or not dist.is_initialized():
