@@ -24,7 +24,7 @@ class InBatchShufflerIterDataPipe(StageIterDataPipe[list[T]]):
     and worker when it comes after ``sharding_filter``). Unseeded, it uses seed 0.
 
     Args:
-        source_datapipe: Batches (sequences).
+        datapipe: Batches (sequences).
 
     Examples:
         >>> from shardpipes.datapipes.iter import IterableWrapper
@@ -33,8 +33,8 @@ class InBatchShufflerIterDataPipe(StageIterDataPipe[list[T]]):
         [0, 1, 2, 3]
     """
 
-    def __init__(self, source_datapipe: IterDataPipe[Sequence[T]]) -> None:
-        self.source_datapipe = source_datapipe
+    def __init__(self, datapipe: IterDataPipe[Sequence[T]]) -> None:
+        self.source_datapipe = datapipe
         self._seed = 0
         self._enabled = True
 

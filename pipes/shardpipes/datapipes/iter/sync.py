@@ -94,7 +94,7 @@ class FullSyncIterDataPipe(StageIterDataPipe[T]):
     Outside ``torch.distributed`` (or with one rank) it passes items through.
 
     Args:
-        source_datapipe: The source (usually batches).
+        datapipe: The source (usually batches).
         timeout: Seconds to wait for the other ranks at each synchronisation. Default: ``1800``.
         policy: ``"stop"`` (default): all ranks stop when the first runs out. ``"pad"``: ranks
             that run out repeat their own recent items until the longest rank ends.
@@ -111,7 +111,7 @@ class FullSyncIterDataPipe(StageIterDataPipe[T]):
 
     def __init__(
         self,
-        source_datapipe: IterDataPipe[T],
+        datapipe: IterDataPipe[T],
         timeout: float = 1800,
         *,
         policy: Policy = "stop",
@@ -123,7 +123,7 @@ class FullSyncIterDataPipe(StageIterDataPipe[T]):
             raise ValueError(f"sync_every should be a positive integer, got {sync_every!r}")
         if timeout <= 0:
             raise ValueError(f"timeout should be positive, got {timeout!r}")
-        self.source_datapipe = source_datapipe
+        self.source_datapipe = datapipe
         self.timeout = timeout
         self.policy = policy
         self.sync_every = sync_every

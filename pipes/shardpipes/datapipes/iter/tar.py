@@ -60,7 +60,7 @@ class TarArchiveLoaderIterDataPipe(StageIterDataPipe[tuple[str, TarMember]]):
     stream is closed when its archive ends, on error, or when iteration stops.
 
     Args:
-        source_datapipe: ``(url, stream)`` pairs, as ``open_files_by_fsspec`` yields.
+        datapipe: ``(url, stream)`` pairs, as ``open_files_by_fsspec`` yields.
         mode: torchdata 0.9's ``tarfile`` mode: ``"r:*"``/``"r|*"`` (any compression, the
             default), ``"r"``, ``"r:"``/``"r|"``, ``"r:gz"``, ``"r|gz"``, ``"r:bz2"``,
             ``"r|bz2"``, ``"r:xz"``, ``"r|xz"``; the compression is recognised from the data
@@ -94,7 +94,7 @@ class TarArchiveLoaderIterDataPipe(StageIterDataPipe[tuple[str, TarMember]]):
 
     def __init__(
         self,
-        source_datapipe: Iterable[tuple[str, IO[bytes]]],
+        datapipe: Iterable[tuple[str, IO[bytes]]],
         mode: str = "r:*",
         length: int = -1,
         *,
@@ -107,7 +107,7 @@ class TarArchiveLoaderIterDataPipe(StageIterDataPipe[tuple[str, TarMember]]):
             )
         if chunk_size < 512:
             raise ValueError(f"chunk_size ({chunk_size}) should be at least 512")
-        self.source_datapipe = source_datapipe
+        self.source_datapipe = datapipe
         self.mode = mode
         self.length = length
         self.chunk_size = chunk_size
