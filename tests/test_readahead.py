@@ -213,3 +213,22 @@ def test_a_range_read_requests_nothing_before_its_offset(s3, fault_proxy):
         assert f.read() == data[offset : offset + size]
     starts = sorted(int(g.range.split("=")[1].split("-")[0]) for g in proxy.log.gets("big.bin"))
     assert starts[0] == offset  # no block from the start of the object, fetched and dropped
+
+
+@pytest.mark.s3
+def test_sizes_from_the_index_save_the_look_ups(s3, shards, fault_proxy, tmp_path):
+    from shardpipes.index import ShardIndex, build_index
+
+    urls = s3.put("data", shards.data)
+    build_index(urls, storage_options=s3.options(), progress=False).save(str(tmp_path / "i.json"))
+    index = ShardIndex.load(str(tmp_path / "i.json"))  # a fresh process's index: no s3fs cache
+    proxy = fault_proxy(s3.endpoint)
+    opts = s3.options(proxy.url)
+    dp = IterableWrapper(index.urls).open_files_by_fsspec(mode="rb", storage_options=opts)
+    got = {u.rsplit("/", 1)[1]: s.read() for u, s in dp}
+    assert got == shards.data
+    assert [u.size for u in index.urls] == [len(shards.data[u.rsplit("/", 1)[1]]) for u in urls]
+    methods = [r.method for r in proxy.log.records]
+    # The index knows each shard's size: no HEAD, one GET per shard (they fit one block).
+    assert methods.count("HEAD") == 0
+    assert methods.count("GET") == len(shards.data)

@@ -41,7 +41,7 @@ from shardpipes.index.sidecar import encode, sidecar_dir, sidecar_path
 from shardpipes.index.table import DEFAULT_CACHE_BYTES, ShardList, Table, read_table
 from shardpipes.index.v1 import validate_v1
 from shardpipes.storage.open import filesystem
-from shardpipes.storage.urls import absolute, parent
+from shardpipes.storage.urls import SizedUrl, absolute, parent
 
 __all__ = [
     "FORMAT",
@@ -141,10 +141,14 @@ class ShardIndex:
 
     @property
     def urls(self) -> list[str]:
-        """Absolute shard URLs."""
+        """Absolute shard URLs that carry their byte size (``SizedUrl``).
+
+        Opening them on S3 or GCS then needs no size look-up.
+        """
         if self._table is not None:
-            return [self._table.url(i) for i in range(len(self._table))]
-        return [s.url for s in self.shards]
+            sizes = self._table.sizes.tolist()
+            return [SizedUrl(self._table.url(i), sizes[i]) for i in range(len(self._table))]
+        return [SizedUrl(s.url, s.total_bytes) for s in self.shards]
 
     @property
     def total_bytes(self) -> int:
