@@ -40,7 +40,9 @@ def _http_options(query_params: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _open_http(url: str, timeout: float | None, query_params: Mapping[str, Any]) -> tuple[str, Any]:
-    opener = FSSpecFileOpener([url], storage_options=_http_options(query_params), timeout=timeout)
+    opener = FSSpecFileOpener(
+        [url], "rb", storage_options=_http_options(query_params), timeout=timeout
+    )
     return next(iter(opener))
 
 
@@ -270,11 +272,14 @@ class S3FileLoaderIterDataPipe(StageIterDataPipe[tuple[str, Any]]):
         if self.buffer_size:
             opener = FSSpecFileOpener(
                 self.source_datapipe,
+                "rb",
                 storage_options=self.storage_options,
                 block_size=self.buffer_size,
             )
         else:
-            opener = FSSpecFileOpener(self.source_datapipe, storage_options=self.storage_options)
+            opener = FSSpecFileOpener(
+                self.source_datapipe, "rb", storage_options=self.storage_options
+            )
         yield from opener
 
     def __len__(self) -> int:
