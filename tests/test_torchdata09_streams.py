@@ -158,3 +158,11 @@ def test_a_text_stream_without_a_buffer_is_refused_by_name(tmp_path):
     dp = IterableWrapper([("x.tar", io.StringIO("not bytes"))]).load_from_tar()
     with pytest.raises(TypeError, match="mode='rb'"):
         list(dp)
+
+
+def test_a_text_stream_already_read_from_is_refused_not_cut(tmp_path):
+    path = _write(tmp_path / "a.tar", [(f"{i}", {".txt": b"text"}) for i in range(3)])
+    [(url, stream)] = list(IterableWrapper([path]).open_files_by_fsspec())
+    stream.read(1)  # the text layer now holds bytes the binary buffer has passed
+    with pytest.raises(ValueError, match=r"already read from .*mode='rb'"):
+        list(IterableWrapper([(url, stream)]).load_from_tar())

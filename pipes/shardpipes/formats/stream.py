@@ -125,6 +125,17 @@ def binary_stream(stream: IO[Any]) -> IO[bytes]:
                 f"an archive is read as bytes, but got a text stream ({type(inner).__name__}) "
                 "without a binary buffer: open it with mode='rb'"
             )
+        try:
+            read_from = buffer.tell()
+        except (OSError, ValueError, AttributeError):
+            read_from = 0  # cannot tell (not seekable): as the opener hands it over
+        if read_from != 0:
+            # Text was read from it: the text layer holds decoded bytes the buffer no longer
+            # has, so reading the buffer would lose them.
+            raise ValueError(
+                f"an archive is read as bytes, but its text stream ({type(inner).__name__}) was "
+                f"already read from (at byte {read_from}): open it with mode='rb'"
+            )
         raw = getattr(buffer, "raw", None)
         if type(buffer) is io.BufferedReader and raw is not None:
             try:
