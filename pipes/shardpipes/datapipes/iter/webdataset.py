@@ -105,6 +105,7 @@ class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
             offset = getattr(stream, "offset", None)
             if not isinstance(offset, int):
                 offset = count
+            data: Any
             if isinstance(stream, StreamBytes):
                 data = stream
             elif hasattr(stream, "read"):
