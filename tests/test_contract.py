@@ -303,24 +303,18 @@ NOT_IN_CONTRACT = {
 
 
 def _building() -> dict[str, set[type]]:
-    from shardpipes.datapipes.iter import (
-        compat_archives,
-        compat_bucket,
-        compat_cache,
-        compat_callable,
-        compat_combining,
-    )
     from shardpipes.datapipes.map import converter
+    from shardpipes.datapipes.td09 import archives, bucket, cache, callable, combining
 
     return {
-        "async_map_batches": {compat_callable._AsyncBatchMapper},
+        "async_map_batches": {callable._AsyncBatchMapper},
         "bucketbatch": {IterDataPipe.functions["in_batch_shuffle"].args[0]},
-        "end_caching": {compat_cache.TorchdataCacheHolder},
-        "extract": {compat_archives.DecompressorIterDataPipe},
-        "random_split": {compat_bucket.SplitterIterator},
-        "round_robin_demux": {compat_combining._RoundRobinDemux},
+        "end_caching": {cache.TorchdataCacheHolder},
+        "extract": {archives.DecompressorIterDataPipe},
+        "random_split": {bucket.SplitterIterator},
+        "round_robin_demux": {combining._RoundRobinDemux},
         "to_map_datapipe": {converter.IterToMapConverterMapDataPipe},
-        "unzip": {compat_combining._UnZipper},
+        "unzip": {combining._UnZipper},
     }
 
 

@@ -60,7 +60,7 @@ SIGNED = [(m, n, e) for m, n, e in NAMES if e.get("params") is not None and not 
 # Names whose 0.9 calls our class dispatches to another class (by its arguments), and that class.
 DISPATCHED = {
     # on_disk_cache(filepath_fn=..., ...) is 0.9's cache; on_disk_cache(cache_dir) is ours.
-    "OnDiskCacheHolder": "shardpipes.datapipes.iter.compat_cache.TorchdataCacheHolder",
+    "OnDiskCacheHolder": "shardpipes.datapipes.td09.cache.TorchdataCacheHolder",
 }
 
 
@@ -103,7 +103,7 @@ def test_09_calls_bind_to_our_signature(module, name, entry):
 
 def test_a_09_on_disk_cache_call_builds_09s_cache():
     from shardpipes.datapipes.iter import IterableWrapper, OnDiskCacheHolder
-    from shardpipes.datapipes.iter.compat_cache import TorchdataCacheHolder
+    from shardpipes.datapipes.td09.cache import TorchdataCacheHolder
 
     assert type(OnDiskCacheHolder(IterableWrapper(["a"]), str.upper)) is TorchdataCacheHolder
 

@@ -11,7 +11,7 @@ from abc import abstractmethod
 from torch.utils.data.graph import DataPipe, traverse_dps
 from torch.utils.data.graph_settings import apply_shuffle_settings, get_all_graph_pipes
 
-from shardpipes.datapipes.iter.compat_cache import WaitPendingCacheItemIterDataPipe
+from shardpipes.datapipes.td09.cache import WaitPendingCacheItemIterDataPipe
 
 __all__ = ["Adapter", "CacheTimeout", "Shuffle"]
 

@@ -91,93 +91,93 @@ __all__ = [
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter import RoutedDecoder
 
-from shardpipes.datapipes.iter.compat_archives import Bz2FileLoaderIterDataPipe as Bz2FileLoader
-from shardpipes.datapipes.iter.compat_archives import DecompressorIterDataPipe as Decompressor
-from shardpipes.datapipes.iter.compat_archives import ExtractorIterDataPipe as Extractor
-from shardpipes.datapipes.iter.compat_archives import (
+from shardpipes.datapipes.map.converter import MapToIterConverterIterDataPipe as MapToIterConverter
+from shardpipes.datapipes.td09.archives import Bz2FileLoaderIterDataPipe as Bz2FileLoader
+from shardpipes.datapipes.td09.archives import DecompressorIterDataPipe as Decompressor
+from shardpipes.datapipes.td09.archives import ExtractorIterDataPipe as Extractor
+from shardpipes.datapipes.td09.archives import (
     RarArchiveLoaderIterDataPipe as RarArchiveLoader,
 )
-from shardpipes.datapipes.iter.compat_archives import XzFileLoaderIterDataPipe as XzFileLoader
-from shardpipes.datapipes.iter.compat_archives import (
+from shardpipes.datapipes.td09.archives import XzFileLoaderIterDataPipe as XzFileLoader
+from shardpipes.datapipes.td09.archives import (
     ZipArchiveLoaderIterDataPipe as ZipArchiveLoader,
 )
-from shardpipes.datapipes.iter.compat_bucket import BucketBatcherIterDataPipe as BucketBatcher
-from shardpipes.datapipes.iter.compat_bucket import (
+from shardpipes.datapipes.td09.bucket import BucketBatcherIterDataPipe as BucketBatcher
+from shardpipes.datapipes.td09.bucket import (
     MaxTokenBucketizerIterDataPipe as MaxTokenBucketizer,
 )
-from shardpipes.datapipes.iter.compat_bucket import RandomSplitterIterDataPipe as RandomSplitter
-from shardpipes.datapipes.iter.compat_cache import (
+from shardpipes.datapipes.td09.bucket import RandomSplitterIterDataPipe as RandomSplitter
+from shardpipes.datapipes.td09.cache import (
     EndOnDiskCacheHolderIterDataPipe as EndOnDiskCacheHolder,
 )
-from shardpipes.datapipes.iter.compat_callable import (
+from shardpipes.datapipes.td09.callable import (
     BatchAsyncMapperIterDataPipe as BatchAsyncMapper,
 )
-from shardpipes.datapipes.iter.compat_callable import BatchMapperIterDataPipe as BatchMapper
-from shardpipes.datapipes.iter.compat_callable import FlatMapperIterDataPipe as FlatMapper
-from shardpipes.datapipes.iter.compat_callable import (
+from shardpipes.datapipes.td09.callable import BatchMapperIterDataPipe as BatchMapper
+from shardpipes.datapipes.td09.callable import FlatMapperIterDataPipe as FlatMapper
+from shardpipes.datapipes.td09.callable import (
     ShuffledFlatMapperIterDataPipe as ShuffledFlatMapper,
 )
-from shardpipes.datapipes.iter.compat_columns import DropperIterDataPipe as Dropper
-from shardpipes.datapipes.iter.compat_columns import EnumeratorIterDataPipe as Enumerator
-from shardpipes.datapipes.iter.compat_columns import FlattenIterDataPipe as Flattener
-from shardpipes.datapipes.iter.compat_columns import IndexAdderIterDataPipe as IndexAdder
-from shardpipes.datapipes.iter.compat_columns import (
+from shardpipes.datapipes.td09.columns import DropperIterDataPipe as Dropper
+from shardpipes.datapipes.td09.columns import EnumeratorIterDataPipe as Enumerator
+from shardpipes.datapipes.td09.columns import FlattenIterDataPipe as Flattener
+from shardpipes.datapipes.td09.columns import IndexAdderIterDataPipe as IndexAdder
+from shardpipes.datapipes.td09.columns import (
     InMemoryCacheHolderIterDataPipe as InMemoryCacheHolder,
 )
-from shardpipes.datapipes.iter.compat_columns import RepeaterIterDataPipe as Repeater
-from shardpipes.datapipes.iter.compat_columns import Rows2ColumnarIterDataPipe as Rows2Columnar
-from shardpipes.datapipes.iter.compat_columns import SliceIterDataPipe as Slicer
-from shardpipes.datapipes.iter.compat_combining import IterKeyZipperIterDataPipe as IterKeyZipper
-from shardpipes.datapipes.iter.compat_combining import MapKeyZipperIterDataPipe as MapKeyZipper
-from shardpipes.datapipes.iter.compat_combining import (
+from shardpipes.datapipes.td09.columns import RepeaterIterDataPipe as Repeater
+from shardpipes.datapipes.td09.columns import Rows2ColumnarIterDataPipe as Rows2Columnar
+from shardpipes.datapipes.td09.columns import SliceIterDataPipe as Slicer
+from shardpipes.datapipes.td09.combining import IterKeyZipperIterDataPipe as IterKeyZipper
+from shardpipes.datapipes.td09.combining import MapKeyZipperIterDataPipe as MapKeyZipper
+from shardpipes.datapipes.td09.combining import (
     MultiplexerLongestIterDataPipe as MultiplexerLongest,
 )
-from shardpipes.datapipes.iter.compat_combining import (
+from shardpipes.datapipes.td09.combining import (
     RoundRobinDemultiplexerIterDataPipe as RoundRobinDemultiplexer,
 )
-from shardpipes.datapipes.iter.compat_combining import (
+from shardpipes.datapipes.td09.combining import (
     SampleMultiplexerDataPipe as SampleMultiplexer,
 )
-from shardpipes.datapipes.iter.compat_combining import (
+from shardpipes.datapipes.td09.combining import (
     ShardingRoundRobinDispatcherIterDataPipe as ShardingRoundRobinDispatcher,
 )
-from shardpipes.datapipes.iter.compat_combining import UnZipperIterDataPipe as UnZipper
-from shardpipes.datapipes.iter.compat_combining import ZipperLongestIterDataPipe as ZipperLongest
-from shardpipes.datapipes.iter.compat_readers import GDriveReaderDataPipe as GDriveReader
-from shardpipes.datapipes.iter.compat_readers import HTTPReaderIterDataPipe as HttpReader
-from shardpipes.datapipes.iter.compat_readers import OnlineReaderIterDataPipe as OnlineReader
-from shardpipes.datapipes.iter.compat_readers import S3FileListerIterDataPipe as S3FileLister
-from shardpipes.datapipes.iter.compat_readers import S3FileLoaderIterDataPipe as S3FileLoader
-from shardpipes.datapipes.iter.compat_text import CSVDictParserIterDataPipe as CSVDictParser
-from shardpipes.datapipes.iter.compat_text import CSVParserIterDataPipe as CSVParser
-from shardpipes.datapipes.iter.compat_text import HashCheckerIterDataPipe as HashChecker
-from shardpipes.datapipes.iter.compat_text import JsonParserIterDataPipe as JsonParser
-from shardpipes.datapipes.iter.compat_text import LineReaderIterDataPipe as LineReader
-from shardpipes.datapipes.iter.compat_text import (
+from shardpipes.datapipes.td09.combining import UnZipperIterDataPipe as UnZipper
+from shardpipes.datapipes.td09.combining import ZipperLongestIterDataPipe as ZipperLongest
+from shardpipes.datapipes.td09.readers import GDriveReaderDataPipe as GDriveReader
+from shardpipes.datapipes.td09.readers import HTTPReaderIterDataPipe as HttpReader
+from shardpipes.datapipes.td09.readers import OnlineReaderIterDataPipe as OnlineReader
+from shardpipes.datapipes.td09.readers import S3FileListerIterDataPipe as S3FileLister
+from shardpipes.datapipes.td09.readers import S3FileLoaderIterDataPipe as S3FileLoader
+from shardpipes.datapipes.td09.text import CSVDictParserIterDataPipe as CSVDictParser
+from shardpipes.datapipes.td09.text import CSVParserIterDataPipe as CSVParser
+from shardpipes.datapipes.td09.text import HashCheckerIterDataPipe as HashChecker
+from shardpipes.datapipes.td09.text import JsonParserIterDataPipe as JsonParser
+from shardpipes.datapipes.td09.text import LineReaderIterDataPipe as LineReader
+from shardpipes.datapipes.td09.text import (
     ParagraphAggregatorIterDataPipe as ParagraphAggregator,
 )
-from shardpipes.datapipes.iter.compat_text import SaverIterDataPipe as Saver
-from shardpipes.datapipes.iter.compat_tfrecord import TFRecordExample, TFRecordExampleSpec
-from shardpipes.datapipes.iter.compat_tfrecord import TFRecordLoaderIterDataPipe as TFRecordLoader
-from shardpipes.datapipes.iter.compat_unavailable import AISFileListerIterDataPipe as AISFileLister
-from shardpipes.datapipes.iter.compat_unavailable import AISFileLoaderIterDataPipe as AISFileLoader
-from shardpipes.datapipes.iter.compat_unavailable import (
+from shardpipes.datapipes.td09.text import SaverIterDataPipe as Saver
+from shardpipes.datapipes.td09.tfrecord import TFRecordExample, TFRecordExampleSpec
+from shardpipes.datapipes.td09.tfrecord import TFRecordLoaderIterDataPipe as TFRecordLoader
+from shardpipes.datapipes.td09.unavailable import AISFileListerIterDataPipe as AISFileLister
+from shardpipes.datapipes.td09.unavailable import AISFileLoaderIterDataPipe as AISFileLoader
+from shardpipes.datapipes.td09.unavailable import (
     DataFrameMakerIterDataPipe as DataFrameMaker,
 )
-from shardpipes.datapipes.iter.compat_unavailable import (
+from shardpipes.datapipes.td09.unavailable import (
     HuggingFaceHubReaderIterDataPipe as HuggingFaceHubReader,
 )
-from shardpipes.datapipes.iter.compat_unavailable import (
+from shardpipes.datapipes.td09.unavailable import (
     IoPathFileListerIterDataPipe as IoPathFileLister,
 )
-from shardpipes.datapipes.iter.compat_unavailable import (
+from shardpipes.datapipes.td09.unavailable import (
     IoPathFileOpenerIterDataPipe as IoPathFileOpener,
 )
-from shardpipes.datapipes.iter.compat_unavailable import IoPathSaverIterDataPipe as IoPathSaver
-from shardpipes.datapipes.iter.compat_unavailable import (
+from shardpipes.datapipes.td09.unavailable import IoPathSaverIterDataPipe as IoPathSaver
+from shardpipes.datapipes.td09.unavailable import (
     ParquetDFLoaderIterDataPipe as ParquetDataFrameLoader,
 )
-from shardpipes.datapipes.map.converter import MapToIterConverterIterDataPipe as MapToIterConverter
 
 __all__ += [
     "AISFileLister",

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from shardpipes.datapipes.iter._base import StageIterDataPipe, register
-from shardpipes.datapipes.iter.compat_cache import TorchdataCacheHolder
+from shardpipes.datapipes.td09.cache import TorchdataCacheHolder
 from shardpipes.storage.open import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_READAHEAD,
