@@ -195,7 +195,7 @@ def test_reloading_the_stage_modules():
 
 
 def test_a_foreign_class_cannot_take_a_name():
-    from shardpipes.datapipes.iter._base import StageIterDataPipe, register
+    from shardpipes.datapipes.iter.base import StageIterDataPipe, register
 
     with pytest.raises(
         RuntimeError,

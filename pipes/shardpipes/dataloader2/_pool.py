@@ -7,7 +7,7 @@ from typing import Any
 
 from torch.utils.data import IterDataPipe
 
-from shardpipes.datapipes.iter._base import StageIterDataPipe
+from shardpipes.datapipes.iter.base import StageIterDataPipe
 
 __all__ = ["WorkerPoolIterDataPipe"]
 

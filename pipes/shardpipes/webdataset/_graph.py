@@ -23,7 +23,7 @@ from typing import Any, cast
 from torch.utils.data import IterDataPipe
 
 from shardpipes.datapipes.iter import IterableWrapper
-from shardpipes.datapipes.iter._base import StageIterDataPipe
+from shardpipes.datapipes.iter.base import StageIterDataPipe
 from shardpipes.errors import SampleFormatError
 from shardpipes.webdataset import filters, utils
 from shardpipes.webdataset.handlers import reraise_exception

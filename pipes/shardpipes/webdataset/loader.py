@@ -27,7 +27,7 @@ from shardpipes.dataloader2 import (
     SequentialReadingService,
 )
 from shardpipes.datapipes.iter import FullSync
-from shardpipes.datapipes.iter._base import StageIterDataPipe
+from shardpipes.datapipes.iter.base import StageIterDataPipe
 from shardpipes.webdataset.pipeline import FluidInterface
 
 __all__ = ["WebLoader"]

@@ -7,7 +7,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from shardpipes.datapipes.iter._base import StageIterDataPipe
+from shardpipes.datapipes.iter.base import StageIterDataPipe
 from shardpipes.errors import ShardpipesWarning
 from shardpipes.webdataset import _graph, autodecode, filters
 from shardpipes.webdataset.handlers import reraise_exception

@@ -19,7 +19,7 @@ from itertools import islice
 from typing import Any
 
 from shardpipes.datapipes.iter import IterableWrapper, ShardExpander
-from shardpipes.datapipes.iter._base import StageIterDataPipe
+from shardpipes.datapipes.iter.base import StageIterDataPipe
 from shardpipes.webdataset import utils
 from shardpipes.webdataset.filters import pipelinefilter
 

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from torch.utils.data import IterDataPipe
 
-from shardpipes.datapipes.iter._base import StageIterDataPipe
+from shardpipes.datapipes.iter.base import StageIterDataPipe
 from shardpipes.plan.epoch import Resume
 from shardpipes.plan.readers import batches
 from shardpipes.plan.seeds import buffered_shuffle

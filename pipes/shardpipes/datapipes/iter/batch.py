@@ -9,7 +9,7 @@ from typing import Any, TypeVar, cast
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes._hook_iterator import _SnapshotState
 
-from shardpipes.datapipes.iter._base import StageIterDataPipe, register
+from shardpipes.datapipes.iter.base import StageIterDataPipe, register
 
 __all__ = ["InBatchShufflerIterDataPipe"]
 

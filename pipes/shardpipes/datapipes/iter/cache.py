@@ -26,7 +26,7 @@ import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from shardpipes.datapipes.iter._base import StageIterDataPipe, register
+from shardpipes.datapipes.iter.base import StageIterDataPipe, register
 from shardpipes.datapipes.td09.cache import TorchdataCacheHolder
 from shardpipes.storage.open import (
     DEFAULT_BLOCK_SIZE,

@@ -8,7 +8,7 @@ import json.scanner
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Literal
 
-from shardpipes.datapipes.iter._base import StageIterDataPipe, check_picklable_fn, register
+from shardpipes.datapipes.iter.base import StageIterDataPipe, check_picklable_fn, register
 from shardpipes.errors import DecodeError
 from shardpipes.handlers import HandlerLike, SkipStats, resolve_handler
 

@@ -6,7 +6,7 @@ import itertools
 import re
 from collections.abc import Iterable, Iterator
 
-from shardpipes.datapipes.iter._base import StageIterDataPipe, register
+from shardpipes.datapipes.iter.base import StageIterDataPipe, register
 
 __all__ = ["ShardExpanderIterDataPipe", "expand_braces"]
 

@@ -11,7 +11,7 @@ from typing import IO, Any, cast
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.utils.common import StreamWrapper
 
-from shardpipes.datapipes.iter._base import StageIterDataPipe, register
+from shardpipes.datapipes.iter.base import StageIterDataPipe, register
 from shardpipes.errors import ShardReadError
 from shardpipes.handlers import HandlerLike, SkipStats, resolve_handler
 from shardpipes.storage.open import (

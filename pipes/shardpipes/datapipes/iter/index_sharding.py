@@ -17,7 +17,7 @@ from typing import Any, Literal
 import numpy as np
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, _ShardingIterDataPipe
 
-from shardpipes.datapipes.iter._base import register
+from shardpipes.datapipes.iter.base import register
 from shardpipes.index.document import ShardIndex, default_index_url, find_index
 from shardpipes.plan.epoch import Resume
 from shardpipes.plan.partition import EpochLayout

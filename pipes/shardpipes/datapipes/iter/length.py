@@ -8,8 +8,8 @@ from typing import Any, TypeVar
 
 from torch.utils.data import IterDataPipe
 
-from shardpipes.datapipes.iter._base import StageIterDataPipe, register
 from shardpipes.datapipes.iter._index_length import exact_length_plan, index_length
+from shardpipes.datapipes.iter.base import StageIterDataPipe, register
 
 __all__ = [
     "CyclerIterDataPipe",

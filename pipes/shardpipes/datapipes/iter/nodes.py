@@ -9,7 +9,7 @@ from torch.utils.data import IterDataPipe
 from torchdata.nodes import BaseNode
 from torchdata.nodes import IterableWrapper as NodeIterableWrapper
 
-from shardpipes.datapipes.iter._base import StageIterDataPipe, check_picklable_fn, register
+from shardpipes.datapipes.iter.base import StageIterDataPipe, check_picklable_fn, register
 
 __all__ = ["NodesAdapterIterDataPipe"]
 

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from torch.utils.data import IterDataPipe
 
-from shardpipes.datapipes.iter._base import StageIterDataPipe, check_picklable_fn, register
+from shardpipes.datapipes.iter.base import StageIterDataPipe, check_picklable_fn, register
 
 __all__ = ["PinMemoryIterDataPipe", "PrefetcherIterDataPipe"]
 

@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import IterDataPipe
 
-from shardpipes.datapipes.iter._base import StageIterDataPipe, register
 from shardpipes.datapipes.iter._index_length import index_length
+from shardpipes.datapipes.iter.base import StageIterDataPipe, register
 from shardpipes.errors import WorkerError
 
 __all__ = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
-from shardpipes.datapipes.iter._base import StageIterDataPipe, register
+from shardpipes.datapipes.iter.base import StageIterDataPipe, register
 from shardpipes.errors import ShardFormatError, ShardReadError
 from shardpipes.formats.stream import StreamBytes
 from shardpipes.formats.tarparse import TarEntry, iter_tar

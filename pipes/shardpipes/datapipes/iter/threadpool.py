@@ -11,7 +11,7 @@ from typing import Any
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.utils.common import validate_input_col
 
-from shardpipes.datapipes.iter._base import StageIterDataPipe, check_picklable_fn, register
+from shardpipes.datapipes.iter.base import StageIterDataPipe, check_picklable_fn, register
 
 __all__ = ["ThreadPoolMapperIterDataPipe"]
 

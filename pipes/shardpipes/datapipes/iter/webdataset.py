@@ -6,7 +6,7 @@ import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from typing import IO, Any
 
-from shardpipes.datapipes.iter._base import StageIterDataPipe, register
+from shardpipes.datapipes.iter.base import StageIterDataPipe, register
 from shardpipes.datapipes.iter.tar import TarArchiveLoaderIterDataPipe
 from shardpipes.errors import SampleFormatError, SkippedInputWarning
 from shardpipes.formats.samples import duplicate_field, key_again, no_extension, split_key

@@ -9,7 +9,7 @@ from typing import Any
 from torch.utils.data import IterDataPipe, MapDataPipe
 from torch.utils.data.datapipes.utils.common import _check_unpickable_fn
 
-from shardpipes.datapipes.iter._base import register
+from shardpipes.datapipes.iter.base import register
 from shardpipes.datapipes.map._registry import register_map
 
 __all__ = ["IterToMapConverterMapDataPipe", "MapToIterConverterIterDataPipe"]

@@ -23,7 +23,7 @@ from typing import IO, Any
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.utils.common import StreamWrapper, validate_pathname_binary_tuple
 
-from shardpipes.datapipes.iter._base import StageIterDataPipe, register
+from shardpipes.datapipes.iter.base import StageIterDataPipe, register
 from shardpipes.formats.stream import binary_stream
 
 __all__ = [

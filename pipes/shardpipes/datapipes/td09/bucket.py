@@ -11,7 +11,7 @@ from typing import Any, Generic, TypeVar
 
 from torch.utils.data import DataChunk, IterDataPipe
 
-from shardpipes.datapipes.iter._base import PicklesRng, register
+from shardpipes.datapipes.iter.base import PicklesRng, register
 
 __all__ = [
     "BucketBatcherIterDataPipe",

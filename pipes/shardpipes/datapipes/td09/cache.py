@@ -32,7 +32,7 @@ from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.utils.common import _check_unpickable_fn
 from torch.utils.data.graph import traverse_dps
 
-from shardpipes.datapipes.iter._base import register
+from shardpipes.datapipes.iter.base import register
 
 __all__ = [
     "EndOnDiskCacheHolderIterDataPipe",

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.utils.common import _check_unpickable_fn, validate_input_col
 
-from shardpipes.datapipes.iter._base import PicklesRng, StageIterDataPipe, register
+from shardpipes.datapipes.iter.base import PicklesRng, StageIterDataPipe, register
 
 __all__ = [
     "BatchAsyncMapperIterDataPipe",

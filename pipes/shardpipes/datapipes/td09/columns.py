@@ -14,7 +14,7 @@ from typing import Any, TypeVar, cast
 
 from torch.utils.data import IterDataPipe
 
-from shardpipes.datapipes.iter._base import StageIterDataPipe, register
+from shardpipes.datapipes.iter.base import StageIterDataPipe, register
 
 __all__ = [
     "DropperIterDataPipe",

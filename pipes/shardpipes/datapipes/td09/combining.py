@@ -23,7 +23,7 @@ from torch.utils.data.datapipes.iter.combining import (
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torch.utils.data.datapipes.utils.common import _check_unpickable_fn
 
-from shardpipes.datapipes.iter._base import StageIterDataPipe, register
+from shardpipes.datapipes.iter.base import StageIterDataPipe, register
 from shardpipes.datapipes.utils import janitor
 
 __all__ = [

@@ -17,7 +17,7 @@ from typing import IO, Any
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.utils.common import StreamWrapper, _check_unpickable_fn
 
-from shardpipes.datapipes.iter._base import StageIterDataPipe, register
+from shardpipes.datapipes.iter.base import StageIterDataPipe, register
 
 __all__ = [
     "CSVDictParserIterDataPipe",

@@ -17,7 +17,7 @@ from typing import IO, Any, NamedTuple, cast
 import torch
 from torch.utils.data.datapipes.utils.common import validate_pathname_binary_tuple
 
-from shardpipes.datapipes.iter._base import StageIterDataPipe, register
+from shardpipes.datapipes.iter.base import StageIterDataPipe, register
 from shardpipes.formats.stream import binary_stream
 
 __all__ = [

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from shardpipes.datapipes.iter._base import StageIterDataPipe, register
+from shardpipes.datapipes.iter.base import StageIterDataPipe, register
 
 __all__ = [
     "AISFileListerIterDataPipe",
