@@ -62,7 +62,9 @@ def register_calls() -> Counter[str]:
 def test_design_name_is_registered_by_shardpipes(name):
     assert name in IterDataPipe.functions
     cls = owner(name)
-    assert cls.__module__.startswith("shardpipes.datapipes.iter.")
+    # A core stage, or the torchdata 0.9 adapter's subclass that widens it with 0.9's arguments
+    core = next(k for k in cls.__mro__ if not k.__module__.startswith("shardpipes.datapipes.td09."))
+    assert core.__module__.startswith("shardpipes.datapipes.iter.")
     assert callable(getattr(stages.IterableWrapper([]), name))  # a method of every IterDataPipe
 
 

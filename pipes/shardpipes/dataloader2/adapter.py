@@ -11,8 +11,6 @@ from abc import abstractmethod
 from torch.utils.data.graph import DataPipe, traverse_dps
 from torch.utils.data.graph_settings import apply_shuffle_settings, get_all_graph_pipes
 
-from shardpipes.datapipes.td09.cache import WaitPendingCacheItemIterDataPipe
-
 __all__ = ["Adapter", "CacheTimeout", "Shuffle"]
 
 
@@ -60,7 +58,10 @@ class CacheTimeout(Adapter):
 
     def __call__(self, datapipe: DataPipe) -> DataPipe:
         """Set the timeout of every stage of the graph that waits for cached files."""
+        # A stage waits for files other processes cache because it has ``set_cache_timeout``
+        # (0.9's end_caching builds one), as a stage is random because it has ``set_seed``.
         for dp in get_all_graph_pipes(traverse_dps(datapipe)):
-            if isinstance(dp, WaitPendingCacheItemIterDataPipe):
-                dp.set_timeout(self.timeout)
+            hook = getattr(type(dp), "set_cache_timeout", None)
+            if callable(hook):
+                hook(dp, self.timeout)
         return datapipe

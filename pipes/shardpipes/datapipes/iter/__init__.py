@@ -26,7 +26,6 @@ from torch.utils.data.datapipes.iter import (
 )
 
 from shardpipes.datapipes.iter.batch import InBatchShufflerIterDataPipe as InBatchShuffler
-from shardpipes.datapipes.iter.cache import OnDiskCacheHolderIterDataPipe as OnDiskCacheHolder
 from shardpipes.datapipes.iter.decode import DecoderIterDataPipe as Decoder
 from shardpipes.datapipes.iter.expand import ShardExpanderIterDataPipe as ShardExpander
 from shardpipes.datapipes.iter.fsspec import FSSpecFileListerIterDataPipe as FSSpecFileLister
@@ -110,6 +109,7 @@ from shardpipes.datapipes.td09.bucket import RandomSplitterIterDataPipe as Rando
 from shardpipes.datapipes.td09.cache import (
     EndOnDiskCacheHolderIterDataPipe as EndOnDiskCacheHolder,
 )
+from shardpipes.datapipes.td09.cache import OnDiskCacheHolderIterDataPipe as OnDiskCacheHolder
 from shardpipes.datapipes.td09.callable import (
     BatchAsyncMapperIterDataPipe as BatchAsyncMapper,
 )

@@ -19,7 +19,7 @@ from typing import Any, TypeVar, cast
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes._decorator import functional_datapipe
 
-__all__ = ["StageIterDataPipe", "check_picklable_fn", "register"]
+__all__ = ["PicklesRng", "StageIterDataPipe", "check_picklable_fn", "register", "widen"]
 
 T = TypeVar("T")
 _C = TypeVar("_C", bound=type)
@@ -60,8 +60,10 @@ def register(name: str) -> Callable[[_C], _C]:
         taken = IterDataPipe.functions.get(name)
         if taken is not None:
             owner = taken.args[0] if hasattr(taken, "args") and taken.args else None
-            same = owner is not None and (
-                f"{owner.__module__}.{owner.__qualname__}" == f"{cls.__module__}.{cls.__qualname__}"
+            # Our own earlier registration, or an adapter's subclass that widened it (``widen``).
+            same = owner is not None and any(
+                f"{k.__module__}.{k.__qualname__}" == f"{cls.__module__}.{cls.__qualname__}"
+                for k in getattr(owner, "__mro__", (owner,))
             )
             if not same:
                 where = f"{owner.__module__}.{owner.__qualname__}" if owner is not None else "?"
@@ -75,6 +77,23 @@ def register(name: str) -> Callable[[_C], _C]:
         return cls
 
     return deco
+
+
+def widen(name: str, cls: type) -> None:
+    """Let ``cls``, an adapter's subclass of the stage registered as ``name``, take the name over.
+
+    For an adapter whose API uses one of our functional names with other arguments (torchdata
+    0.9's ``on_disk_cache(filepath_fn=...)``): the subclass translates those calls and leaves
+    ours to the core stage, which never learns about the adapter.
+    """
+    taken = IterDataPipe.functions.get(name)
+    owner = taken.args[0] if taken is not None and hasattr(taken, "args") and taken.args else None
+    if owner is None or not (isinstance(owner, type) and issubclass(cls, owner)):
+        raise RuntimeError(
+            f"{cls.__qualname__} can only widen a stage it subclasses; {name!r} is {owner!r}"
+        )
+    del IterDataPipe.functions[name]
+    functional_datapipe(name)(cls)
 
 
 def check_picklable_fn(fn: Callable[..., Any], what: str) -> None:

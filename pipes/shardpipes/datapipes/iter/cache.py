@@ -27,7 +27,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from shardpipes.datapipes.iter.base import StageIterDataPipe, register
-from shardpipes.datapipes.td09.cache import TorchdataCacheHolder
 from shardpipes.storage.open import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_READAHEAD,
@@ -89,21 +88,6 @@ class OnDiskCacheHolderIterDataPipe(StageIterDataPipe[str]):
         >>> [p.startswith(cache) for p in IterableWrapper(["file://" + src]).on_disk_cache(cache)]
         [True]
     """
-
-    def __new__(
-        cls, source_datapipe: Iterable[str] | None = None, *args: Any, **kwargs: Any
-    ) -> Any:
-        """Build the graph this stage stands for (torchdata 0.9 built it the same way)."""
-        # torchdata 0.9's form, on_disk_cache(filepath_fn=..., hash_dict=..., ...) followed by
-        # end_caching(...), is another stage: dispatch on its arguments. (Unpickling calls
-        # __new__ with no arguments at all.)
-        if (
-            cls is OnDiskCacheHolderIterDataPipe
-            and source_datapipe is not None
-            and _is_torchdata_call(args, kwargs)
-        ):
-            return TorchdataCacheHolder(source_datapipe, *args, **kwargs)  # type: ignore[arg-type]
-        return super().__new__(cls)
 
     def __init__(
         self,
@@ -219,18 +203,6 @@ class OnDiskCacheHolderIterDataPipe(StageIterDataPipe[str]):
                 f"on_disk_cache: cannot write to the cache directory {self.cache_dir} while "
                 f"downloading {Redactor(url, None).url}: {what}{hint}",
             ) from exc
-
-
-_TORCHDATA_KWARGS = {"filepath_fn", "hash_dict", "hash_type", "extra_check_fn"}
-
-
-def _is_torchdata_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """0.9's arguments: none, a callable (or None) first, or one of its keywords."""
-    if _TORCHDATA_KWARGS & set(kwargs):
-        return True
-    if not args:
-        return "cache_dir" not in kwargs
-    return args[0] is None or callable(args[0])
 
 
 @contextlib.contextmanager

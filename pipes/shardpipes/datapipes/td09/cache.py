@@ -1,8 +1,10 @@
 """torchdata 0.9's ``on_disk_cache(filepath_fn=...)`` ... ``end_caching(...)`` pair.
 
 ``on_disk_cache`` called with 0.9's arguments (``filepath_fn``, ``hash_dict``, ``hash_type``,
-``extra_check_fn``) builds a ``TorchdataCacheHolder`` (``cache.py`` dispatches here); the
-stages between it and ``end_caching`` run only for items whose file is not on disk yet.
+``extra_check_fn``) builds a ``TorchdataCacheHolder``: :class:`OnDiskCacheHolderIterDataPipe`
+holds the functional name and the 0.9 class name, and leaves every other call to the core stage
+(``datapipes/iter/cache.py``, which knows nothing of 0.9). The stages between it and
+``end_caching`` run only for items whose file is not on disk yet.
 
 How the graph is cut (0.9's protocol, on-disk names kept so 0.9 caches are reused):
 
@@ -32,10 +34,12 @@ from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.utils.common import _check_unpickable_fn
 from torch.utils.data.graph import traverse_dps
 
-from shardpipes.datapipes.iter.base import register
+from shardpipes.datapipes.iter import cache
+from shardpipes.datapipes.iter.base import register, widen
 
 __all__ = [
     "EndOnDiskCacheHolderIterDataPipe",
+    "OnDiskCacheHolderIterDataPipe",
     "TorchdataCacheHolder",
     "WaitPendingCacheItemIterDataPipe",
 ]
@@ -94,6 +98,39 @@ def _classify(
         return _TODO
     finally:
         os.close(fd)  # releases the lock
+
+
+_TORCHDATA_KWARGS = {"filepath_fn", "hash_dict", "hash_type", "extra_check_fn"}
+
+
+def _is_torchdata_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """0.9's arguments: none, a callable (or None) first, or one of its keywords."""
+    if _TORCHDATA_KWARGS & set(kwargs):
+        return True
+    if not args:
+        return "cache_dir" not in kwargs
+    return args[0] is None or callable(args[0])
+
+
+class OnDiskCacheHolderIterDataPipe(cache.OnDiskCacheHolderIterDataPipe):
+    """``on_disk_cache`` with torchdata 0.9's arguments as well as ours (functional name: ``on_disk_cache``).
+
+    ``on_disk_cache(cache_dir, ...)`` is the core stage (this class adds nothing to it);
+    ``on_disk_cache(filepath_fn, hash_dict, hash_type, extra_check_fn)`` is 0.9's, a
+    :class:`TorchdataCacheHolder` that needs ``end_caching``.
+    """
+
+    def __new__(
+        cls, source_datapipe: IterDataPipe[str] | None = None, *args: Any, **kwargs: Any
+    ) -> Any:
+        """Build 0.9's holder for 0.9's arguments, else the core stage."""
+        # Unpickling calls __new__ with no arguments at all.
+        if source_datapipe is not None and _is_torchdata_call(args, kwargs):
+            return TorchdataCacheHolder(source_datapipe, *args, **kwargs)
+        return super().__new__(cls)
+
+
+widen("on_disk_cache", OnDiskCacheHolderIterDataPipe)
 
 
 class TorchdataCacheHolder(IterDataPipe[Any]):
@@ -200,9 +237,11 @@ class WaitPendingCacheItemIterDataPipe(IterDataPipe[Any]):
         self.input_col = input_col
         self.cache_uuid = cache_uuid
 
-    def set_timeout(self, timeout: float) -> None:
-        """Set how long to wait for a file another process is writing (``CacheTimeout``)."""
+    def set_cache_timeout(self, timeout: float) -> None:
+        """Set how long to wait for a file another process is writing (the hook ``CacheTimeout`` calls)."""
         self.timeout = timeout
+
+    set_timeout = set_cache_timeout  # 0.9's name
 
     def __iter__(self) -> Iterator[Any]:
         for data in self.source_datapipe:
