@@ -8,8 +8,9 @@ from typing import Any
 from torch.utils.data import IterDataPipe
 
 from shardpipes.datapipes.iter.base import StageIterDataPipe
+from shardpipes.datapipes.iter.prefetch import PrefetcherIterDataPipe
 
-__all__ = ["WorkerPoolIterDataPipe"]
+__all__ = ["MainPrefetcherIterDataPipe", "WorkerPoolIterDataPipe"]
 
 
 class WorkerPoolIterDataPipe(StageIterDataPipe[Any]):
@@ -19,6 +20,8 @@ class WorkerPoolIterDataPipe(StageIterDataPipe[Any]):
     in place of the part that runs in workers.
     """
 
+    main_process = True
+
     def __init__(self, source_datapipe: IterDataPipe[Any], service: Any) -> None:
         self.source_datapipe = source_datapipe
         self.service = service
@@ -26,3 +29,9 @@ class WorkerPoolIterDataPipe(StageIterDataPipe[Any]):
     def __iter__(self) -> Iterator[Any]:
         pool: Iterator[Any] = self.service._iterate_pool()
         return pool
+
+
+class MainPrefetcherIterDataPipe(PrefetcherIterDataPipe[Any]):
+    """``main_prefetch_cnt``'s read-ahead over the worker pool, in the main process."""
+
+    main_process = True

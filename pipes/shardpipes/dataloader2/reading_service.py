@@ -31,7 +31,7 @@ from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import apply_sharding
 
-from shardpipes.dataloader2._pool import WorkerPoolIterDataPipe
+from shardpipes.dataloader2._pool import MainPrefetcherIterDataPipe, WorkerPoolIterDataPipe
 from shardpipes.dataloader2._shm import Attachments
 from shardpipes.dataloader2._stats import (
     StageFlow,
@@ -50,7 +50,8 @@ from shardpipes.dataloader2.random.distributed import dist_share_seed
 from shardpipes.dataloader2.random.seed_generator import SeedGenerator, as_plan
 from shardpipes.dataloader2.utils.worker import WorkerInfo
 from shardpipes.datapipes.iter._index_length import exact_length_plan
-from shardpipes.datapipes.iter.prefetch import PinMemoryIterDataPipe, PrefetcherIterDataPipe
+from shardpipes.datapipes.iter.base import in_main_process
+from shardpipes.datapipes.iter.prefetch import PrefetcherIterDataPipe
 from shardpipes.datapipes.iter.sync import (
     ExactLengthIterDataPipe,
     FullSyncIterDataPipe,
@@ -72,10 +73,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-# Stages that stay in the main process when the rest of the graph moves into workers: they
-# must see the output of all workers together (fullsync) or the main process's memory (pin).
-_MAIN_PROCESS_STAGES = (FullSyncIterDataPipe, PinMemoryIterDataPipe)
 
 
 class ReadingServiceInterface(ABC):
@@ -196,7 +193,7 @@ def _local_flows(service: Any, datapipe: IterDataPipe[Any]) -> tuple[list[StageF
 
 
 def _stays_in_main(dp: Any, non_replicable: bool) -> bool:
-    if isinstance(dp, _MAIN_PROCESS_STAGES):
+    if in_main_process(dp):  # fullsync, pin_memory: their trait (datapipes/iter/base.py)
         return True
     check = getattr(dp, "is_replicable", None)
     return non_replicable and callable(check) and not check()
@@ -325,7 +322,7 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         self._slot = EpochSlot()
         pool: IterDataPipe[Any] = WorkerPoolIterDataPipe(core, self)
         if self.main_prefetch_cnt:
-            pool = PrefetcherIterDataPipe(pool, self.main_prefetch_cnt)
+            pool = MainPrefetcherIterDataPipe(pool, self.main_prefetch_cnt)
         self._end_datapipe = _reattach(tail, pool)  # 0.9's name for the graph iterated
         return self._end_datapipe
 

@@ -110,6 +110,14 @@ class Resume:
         )
         return self._reader
 
+    def yielded(self) -> int:
+        """Samples the reader had yielded (after its shuffle) before this resume; ``0`` until planned.
+
+        Where a counting stage (``enumerate()``) continues. After an elastic resume the reader's
+        part is new, and it counts from ``0``.
+        """
+        return 0 if self._reader is None else self._reader.first_draw
+
     def shuffle_start(self) -> tuple[int, int, list[int]] | None:
         """``(seed, first draw, buffer slots)`` where the reader's sample shuffle continues.
 

@@ -36,7 +36,6 @@ from torch.utils.data.datapipes.iter.sharding import _ShardingIterDataPipe
 from torch.utils.data.graph import DataPipe, DataPipeGraph, traverse_dps
 from torch.utils.data.graph_settings import get_all_graph_pipes
 
-from shardpipes.dataloader2._pool import WorkerPoolIterDataPipe
 from shardpipes.dataloader2.graph.settings import set_datapipes_seed, set_graph_random_seed
 from shardpipes.dataloader2.graph.utils import find_dps, list_dps, remove_dp, replace_dp
 from shardpipes.datapipes.iter._index_length import exact_length_plan, source_of
@@ -46,11 +45,11 @@ from shardpipes.datapipes.iter._lean import (
     LeanMapperIterDataPipe,
     LeanShufflerIterDataPipe,
 )
+from shardpipes.datapipes.iter.base import in_main_process, is_resumable
 from shardpipes.datapipes.iter.cache import OnDiskCacheHolderIterDataPipe
 from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
 from shardpipes.datapipes.iter.length import FixedLengthIterDataPipe
-from shardpipes.datapipes.iter.prefetch import PinMemoryIterDataPipe, PrefetcherIterDataPipe
-from shardpipes.datapipes.iter.sync import ExactLengthIterDataPipe, FullSyncIterDataPipe
+from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe
 from shardpipes.plan.epoch import EpochPlan, Resume
 from shardpipes.plan.resume import Shape
 
@@ -119,14 +118,15 @@ def apply_epoch_plan(datapipe: IterDataPipe[Any], plan: EpochPlan) -> IterDataPi
     """Hand one reader's graph its plan for an epoch; return it.
 
     Seeds every random stage. When the plan resumes a saved epoch, gives ``sharding_by_index``
-    and the sample shuffle after it one :class:`Resume` value (they then seek to where the
-    epoch stopped); otherwise tells them to start afresh.
+    and the resumable stages after it (the sample shuffle, a counter) one :class:`Resume` value
+    (they then continue where the epoch stopped); otherwise tells them to start afresh.
     """
     for stage, (dp, after) in enumerate(random_stages(datapipe)):
         dp.set_seed(plan.reader_seed(stage) if after else plan.shared_seed(stage))
-    sharders = [dp for dp in stages_of(datapipe) if isinstance(dp, IndexSharderIterDataPipe)]
-    for sharder in sharders:
-        sharder.set_resume(None)
+    resumable = [dp for dp in stages_of(datapipe) if is_resumable(dp)]
+    for dp in resumable:
+        dp.set_resume(None)
+    sharders = [dp for dp in resumable if isinstance(dp, IndexSharderIterDataPipe)]
     if plan.resume:
         found = resume_shape(datapipe)
         if isinstance(found, str) or len(sharders) != 1:
@@ -136,6 +136,8 @@ def apply_epoch_plan(datapipe: IterDataPipe[Any], plan: EpochPlan) -> IterDataPi
         sharders[0].set_resume(resume)
         if shuffler is not None:
             shuffler.set_resume(resume)
+        for dp in _counters(datapipe):
+            dp.set_resume(resume)
     return datapipe
 
 
@@ -193,11 +195,15 @@ def carries_across_epochs(datapipe: IterDataPipe[Any]) -> bool:
     return any(isinstance(dp, FixedLengthIterDataPipe) for dp in stages_of(datapipe))
 
 
-def _main_side(dp: Any) -> bool:
-    # Stages the reading services add around the reader's graph (they pass items through).
-    if isinstance(dp, PrefetcherIterDataPipe):  # main_prefetch_cnt's, over the worker pool
-        return isinstance(dp.source_datapipe, WorkerPoolIterDataPipe)
-    return isinstance(dp, ExactLengthIterDataPipe | PinMemoryIterDataPipe | WorkerPoolIterDataPipe)
+def _counters(datapipe: IterDataPipe[Any]) -> list[Any]:
+    """The resumable stages between the sharder and the output that are not random (counters)."""
+    out = []
+    node: Any = datapipe
+    while node is not None and not isinstance(node, IndexSharderIterDataPipe):
+        if is_resumable(node) and not callable(getattr(node, "set_seed", None)):
+            out.append(node)
+        node = source_of(node)
+    return out
 
 
 def resume_shape(
@@ -206,11 +212,14 @@ def resume_shape(
     """``(shape, sample shuffle stage or None)`` when an epoch of this graph can be resumed by seeking.
 
     That is the graph of :func:`exact_length_plan` (``sharding_by_index`` ... one-to-one stages,
-    at most one ``batch()``) with no random stage after the sharder other than at most one
-    ``shuffle()`` before the ``batch()``. Otherwise, the reason it cannot, for error messages.
+    at most one ``batch()``) under the stages that run in the main process (trait
+    ``main_process``: the worker pool, ``pin_memory``, the main read-ahead), with no random
+    stage after the sharder other than at most one ``shuffle()`` before the ``batch()``, and any
+    other stage that keeps a position between items (trait ``resumable``: ``enumerate()``) after
+    that shuffle and before the ``batch()``. Otherwise, the reason it cannot, for error messages.
     """
     node: Any = datapipe
-    while _main_side(node) or isinstance(node, FullSyncIterDataPipe):
+    while in_main_process(node):
         if isinstance(node, FullSyncIterDataPipe):
             return "fullsync() evens out the ranks by dropping or repeating items as they come"
         node = source_of(node)
@@ -224,15 +233,18 @@ def resume_shape(
     below_batch = plan[0] is None  # walking from the output: the batch() comes first
     stage = node
     while not isinstance(stage, IndexSharderIterDataPipe):
+        kind = type(stage).__name__
         if isinstance(stage, Batcher | LeanBatcherIterDataPipe):
             below_batch = True
         elif callable(getattr(stage, "set_seed", None)):
-            kind = type(stage).__name__
-            if not isinstance(stage, Shuffler | LeanShufflerIterDataPipe) or not below_batch:
+            if not is_resumable(stage) or not below_batch:
                 return f"{kind} after the batch() draws per batch and cannot be repositioned"
             if shuffler is not None:
                 return "two shuffle() stages after sharding_by_index"
             shuffler = stage
+        elif is_resumable(stage) and (not below_batch or shuffler is not None):
+            where = "after the batch()" if not below_batch else "before the shuffle()"
+            return f"{kind} {where} counts items in an order a resumed epoch does not repeat"
         stage = source_of(stage)
     stages = [dp for dp, _ in random_stages(datapipe)]
     number = next((i for i, dp in enumerate(stages) if dp is shuffler), None)

@@ -1,7 +1,8 @@
 """Epoch lengths known from the shard index: which graphs allow it, and the length.
 
 With ``sharding_by_index`` every reader gets the same number of samples, known once the sharder
-has partitioned the epoch. Through one-to-one stages and at most one ``batch()`` that number
+has partitioned the epoch. Through one-to-one stages (each declares it: the trait ``one_to_one``
+of ``datapipes/iter/base.py``) and at most one ``batch()`` that number
 becomes the reader's item count, used by ``DistributedReadingService`` (exact equal lengths
 without per-chunk synchronisation) and by ``fixed_length()`` without a length.
 """
@@ -11,48 +12,18 @@ from __future__ import annotations
 from typing import Any
 
 from torch.utils.data import IterDataPipe
-from torch.utils.data.datapipes.iter import Batcher, Mapper, Shuffler
+from torch.utils.data.datapipes.iter import Batcher
 from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import get_all_graph_pipes
 
-from shardpipes.datapipes.iter._lean import (
-    LeanBatcherIterDataPipe,
-    LeanMapperIterDataPipe,
-    LeanShufflerIterDataPipe,
-)
-from shardpipes.datapipes.iter.batch import InBatchShufflerIterDataPipe
-from shardpipes.datapipes.iter.decode import DecoderIterDataPipe
-from shardpipes.datapipes.iter.fsspec import FSSpecFileOpenerIterDataPipe
+from shardpipes.datapipes.iter._lean import LeanBatcherIterDataPipe
+from shardpipes.datapipes.iter.base import is_one_to_one, range_step
 from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
-from shardpipes.datapipes.iter.prefetch import PrefetcherIterDataPipe
-from shardpipes.datapipes.iter.tar import TarArchiveLoaderIterDataPipe
-from shardpipes.datapipes.iter.threadpool import ThreadPoolMapperIterDataPipe
-from shardpipes.datapipes.iter.webdataset import WebDatasetIterDataPipe
 from shardpipes.plan.readers import batches
 
-__all__ = ["ONE_TO_ONE", "exact_length_plan", "index_length", "source_of"]
+__all__ = ["exact_length_plan", "index_length", "source_of"]
 
 Plan = tuple[int | None, bool]
-
-# Stages that yield exactly one item per item they read (decode may skip under a handler;
-# the exact-length guard then pads).
-ONE_TO_ONE = (
-    Mapper,
-    Shuffler,
-    LeanMapperIterDataPipe,
-    LeanShufflerIterDataPipe,
-    DecoderIterDataPipe,
-    PrefetcherIterDataPipe,
-    ThreadPoolMapperIterDataPipe,
-    InBatchShufflerIterDataPipe,
-)
-# From sample ranges to samples: each range of k samples becomes k samples.
-_RANGE_TO_SAMPLES = (
-    WebDatasetIterDataPipe,
-    TarArchiveLoaderIterDataPipe,
-    FSSpecFileOpenerIterDataPipe,
-    IndexSharderIterDataPipe,
-)
 
 
 def source_of(dp: Any) -> Any:
@@ -64,22 +35,27 @@ def source_of(dp: Any) -> Any:
 def exact_length_plan(datapipe: IterDataPipe[Any]) -> Plan | None:
     """``(batch_size, drop_last)`` when every reader's length is known from the index, else ``None``.
 
-    That is when the graph is ``sharding_by_index -> open -> load_from_tar -> webdataset``
-    followed only by one-to-one stages and at most one ``batch()``.
+    That is when the graph is ``sharding_by_index -> open -> load_from_tar -> webdataset`` (the
+    stages whose trait ``range_to_samples`` leads from ranges to samples) followed only by
+    one-to-one stages (trait ``one_to_one``) and at most one ``batch()``.
     """
     node: Any = datapipe
     batch: Plan = (None, False)
-    while isinstance(node, (*ONE_TO_ONE, Batcher, LeanBatcherIterDataPipe)):
+    while is_one_to_one(node) or isinstance(node, Batcher | LeanBatcherIterDataPipe):
         if isinstance(node, Batcher | LeanBatcherIterDataPipe):
             if batch[0] is not None:
                 return None  # two batch() stages: counts no longer follow from the index
             batch = (node.batch_size, node.drop_last)
         node = source_of(node)
-    for kind in _RANGE_TO_SAMPLES:
-        if not isinstance(node, kind):
-            return None
+    # Down the steps that turn each range of k samples into k samples (trait range_to_samples),
+    # to the sharder: webdataset <- load_from_tar <- open_files_by_fsspec <- sharding_by_index.
+    wanted = "samples"
+    while (step := range_step(node)) is not None and step[1] == wanted:
+        if isinstance(node, IndexSharderIterDataPipe):
+            return batch
+        wanted = step[0]
         node = source_of(node)
-    return batch
+    return None
 
 
 def index_length(datapipe: IterDataPipe[Any], plan: Plan) -> int:

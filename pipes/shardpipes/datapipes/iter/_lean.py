@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from torch.utils.data import IterDataPipe
+from torch.utils.data.datapipes.iter import Batcher, Filter, Mapper, Shuffler
 
 from shardpipes.datapipes.iter.base import StageIterDataPipe
 from shardpipes.plan.epoch import Resume
@@ -40,6 +41,10 @@ T = TypeVar("T")
 
 class LeanShufflerIterDataPipe(StageIterDataPipe[T]):
     """torch's ``Shuffler`` without the per-element hook, with resumable counter-based draws."""
+
+    stands_for = Shuffler
+    one_to_one = True
+    resumable = True
 
     def __init__(
         self, datapipe: IterDataPipe[T], buffer_size: int, enabled: bool, seed: int | None
@@ -95,6 +100,8 @@ class LeanShufflerIterDataPipe(StageIterDataPipe[T]):
 class LeanBatcherIterDataPipe(StageIterDataPipe[Any]):
     """torch's ``Batcher`` without the per-element hook."""
 
+    stands_for = Batcher
+
     def __init__(
         self, datapipe: IterDataPipe[Any], batch_size: int, drop_last: bool, wrapper_class: Any
     ) -> None:
@@ -121,6 +128,9 @@ class LeanBatcherIterDataPipe(StageIterDataPipe[Any]):
 class LeanMapperIterDataPipe(StageIterDataPipe[Any]):
     """torch's ``Mapper`` (whole items, no columns) without the per-element hook."""
 
+    stands_for = Mapper
+    one_to_one = True
+
     def __init__(self, datapipe: IterDataPipe[Any], fn: Callable[[Any], Any]) -> None:
         self.datapipe = datapipe
         self.fn = fn
@@ -136,6 +146,8 @@ class LeanMapperIterDataPipe(StageIterDataPipe[Any]):
 
 class LeanFilterIterDataPipe(StageIterDataPipe[T]):
     """torch's ``Filter`` (whole items, no columns) without the per-element hook."""
+
+    stands_for = Filter
 
     def __init__(self, datapipe: IterDataPipe[T], filter_fn: Callable[[T], bool]) -> None:
         self.datapipe = datapipe

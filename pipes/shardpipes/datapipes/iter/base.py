@@ -1,4 +1,10 @@
-"""Base class and registration shared by every shardpipes stage.
+"""The stage base, its traits, and registration: what every shardpipes stage is built on.
+
+A stage declares its **traits** as class attributes, and the loader reads them (through
+:func:`is_one_to_one`, :func:`range_step`, :func:`in_main_process`, :func:`is_resumable`)
+instead of keeping lists of classes; ``docs/writing-a-stage.md`` shows a stage that keeps every
+guarantee. Torch's own stages (``map``, ``shuffle``, ...) get the traits of the lean stage that
+stands in for them (``stands_for``).
 
 Why our stages skip torch's per-element iterator hook: torch's ``_IterDataPipeMeta`` wraps each
 ``__iter__`` generator so every ``next()`` enters a profiler ``record_function`` and checks
@@ -14,22 +20,64 @@ from __future__ import annotations
 import random
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes._decorator import functional_datapipe
 
-__all__ = ["PicklesRng", "StageIterDataPipe", "check_picklable_fn", "register", "widen"]
+__all__ = [
+    "PicklesRng",
+    "StageIterDataPipe",
+    "check_picklable_fn",
+    "in_main_process",
+    "is_one_to_one",
+    "is_resumable",
+    "range_step",
+    "register",
+    "widen",
+]
 
 T = TypeVar("T")
 _C = TypeVar("_C", bound=type)
 
 
+#: The units of :attr:`StageIterDataPipe.range_to_samples`, from the sharder's to the samples.
+UNITS = ("ranges", "streams", "members", "samples")
+
+_STAND_INS: dict[type, type] = {}
+
+
 class StageIterDataPipe(IterDataPipe[T]):
-    """Base of shardpipes stages: a plain generator ``__iter__``, no per-element hook."""
+    """Base of shardpipes stages: a plain generator ``__iter__``, no per-element hook, and traits.
+
+    Traits (class attributes; the defaults promise nothing):
+
+    - ``one_to_one``: yields exactly one item for each item it reads, so a reader's item count
+      after ``sharding_by_index`` still follows from the index (a stage that may skip an item
+      under an error handler counts too: the exact-length guard then pads).
+    - ``range_to_samples``: its step from the sharder's sample ranges to samples, as
+      ``(what it reads, what it yields)`` among :data:`UNITS`; the steps from ``"ranges"`` to
+      ``"samples"`` turn each range of k samples into k samples.
+    - ``main_process``: stays in the main process when the rest of the graph moves into worker
+      processes (it must see all workers' output, or the main process's memory).
+    - ``resumable``: when an epoch resumes by seeking, ``set_resume(resume)`` hands it the
+      epoch's :class:`~shardpipes.plan.epoch.Resume` (``None`` for a fresh epoch) and it
+      continues exactly where the uninterrupted epoch was; stages that keep a position between
+      items (a shuffle buffer, a counter) must be resumable to sit after ``sharding_by_index``.
+    - ``stands_for``: a lean stand-in's torch stage, whose traits are then this stage's.
+    """
+
+    one_to_one: ClassVar[bool] = False
+    range_to_samples: ClassVar[tuple[str, str] | None] = None
+    main_process: ClassVar[bool] = False
+    resumable: ClassVar[bool] = False
+    stands_for: ClassVar[type | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        replaced = cls.__dict__.get("stands_for")
+        if replaced is not None:
+            _STAND_INS[replaced] = cls
         hooked = cls.__dict__.get("__iter__")
         inner = getattr(hooked, "__wrapped__", None)
         if inner is not None:
@@ -37,6 +85,35 @@ class StageIterDataPipe(IterDataPipe[T]):
 
     def __len__(self) -> int:
         raise TypeError(f"{type(self).__name__} instance doesn't have valid length")
+
+
+def _declaring(dp: Any) -> type:
+    """The class whose traits ``dp`` has: its own, or its lean stand-in's for a torch stage."""
+    for kind in type(dp).__mro__:
+        if kind in _STAND_INS:
+            return _STAND_INS[kind]
+    return type(dp)
+
+
+def is_one_to_one(dp: Any) -> bool:
+    """Whether ``dp`` yields one item per item it reads (trait ``one_to_one``)."""
+    return bool(getattr(_declaring(dp), "one_to_one", False))
+
+
+def range_step(dp: Any) -> tuple[str, str] | None:
+    """``dp``'s step from sample ranges to samples (trait ``range_to_samples``), or ``None``."""
+    step: tuple[str, str] | None = getattr(_declaring(dp), "range_to_samples", None)
+    return step
+
+
+def in_main_process(dp: Any) -> bool:
+    """Whether ``dp`` stays in the main process (trait ``main_process``)."""
+    return bool(getattr(_declaring(dp), "main_process", False))
+
+
+def is_resumable(dp: Any) -> bool:
+    """Whether ``dp`` takes the epoch's ``Resume`` and continues exactly (trait ``resumable``)."""
+    return bool(getattr(_declaring(dp), "resumable", False))
 
 
 def _plain_iter(gen_fn: Callable[[Any], Iterator[Any]]) -> Callable[[Any], Iterator[Any]]:

@@ -33,6 +33,8 @@ class InBatchShufflerIterDataPipe(StageIterDataPipe[list[T]]):
         [0, 1, 2, 3]
     """
 
+    one_to_one = True
+
     def __init__(self, datapipe: IterDataPipe[Sequence[T]]) -> None:
         self.source_datapipe = datapipe
         self._seed = 0

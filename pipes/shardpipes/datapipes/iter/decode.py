@@ -165,6 +165,8 @@ class DecoderIterDataPipe(StageIterDataPipe[Sample]):
         [{'__key__': 'a', '__url__': 'u', '.cls': 3, '.json': {'x': 1}, '.bin': b'\x00'}]
     """
 
+    one_to_one = True  # a sample skipped under a handler: the exact-length guard pads
+
     def __init__(
         self,
         source_datapipe: Iterable[Sample],

@@ -224,6 +224,8 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
         [b'abc']
     """
 
+    range_to_samples = ("ranges", "streams")
+
     def __init__(
         self,
         source_datapipe: Iterable[str],

@@ -71,6 +71,11 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
         [(0, 3)]
     """
 
+    # Traits (datapipes/iter/base.py), declared without the stage base: the class must be torch's
+    # sharding kind for apply_sharding. It starts the steps from ranges to samples.
+    range_to_samples = ("urls", "ranges")
+    resumable = True
+
     def __init__(
         self,
         source_datapipe: Iterable[str],

@@ -74,6 +74,8 @@ class PrefetcherIterDataPipe(StageIterDataPipe[T]):
         [0, 1, 2, 3, 4]
     """
 
+    one_to_one = True
+
     def __init__(self, source_datapipe: IterDataPipe[T], buffer_size: int = 10) -> None:
         if buffer_size <= 0:
             raise ValueError(f"buffer_size should be a positive integer, got {buffer_size!r}")
@@ -191,6 +193,8 @@ class PinMemoryIterDataPipe(StageIterDataPipe[T]):
         >>> [t.shape for t in IterableWrapper([torch.zeros(2)]).pin_memory()]  # doctest: +SKIP
         [torch.Size([2])]
     """
+
+    main_process = True  # pins in the memory of the process that trains
 
     def __init__(
         self,

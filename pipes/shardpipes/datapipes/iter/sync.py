@@ -109,6 +109,8 @@ class FullSyncIterDataPipe(StageIterDataPipe[T]):
         [0, 1, 2]
     """
 
+    main_process = True  # sees the output of all workers together
+
     def __init__(
         self,
         datapipe: IterDataPipe[T],
@@ -242,6 +244,8 @@ class ExactLengthIterDataPipe(StageIterDataPipe[T]):
         batch_size: The batch size of the graph's ``batch()``, or ``None`` if it has none.
         drop_last: That ``batch()``'s ``drop_last``.
     """
+
+    one_to_one = True  # yields the count its source should: the one the index gives
 
     def __init__(
         self, source_datapipe: IterDataPipe[T], batch_size: int | None, drop_last: bool

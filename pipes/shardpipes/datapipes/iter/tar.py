@@ -92,6 +92,8 @@ class TarArchiveLoaderIterDataPipe(StageIterDataPipe[tuple[str, TarMember]]):
         [(True, b'hi')]
     """
 
+    range_to_samples = ("streams", "members")
+
     def __init__(
         self,
         datapipe: Iterable[tuple[str, IO[bytes]]],

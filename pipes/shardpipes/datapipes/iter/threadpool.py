@@ -43,6 +43,8 @@ class ThreadPoolMapperIterDataPipe(StageIterDataPipe[Any]):
         [1, 2]
     """
 
+    one_to_one = True
+
     def __init__(
         self,
         source_datapipe: IterDataPipe[Any],

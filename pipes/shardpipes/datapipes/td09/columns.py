@@ -9,12 +9,13 @@ from __future__ import annotations
 import sys
 import warnings
 from collections import defaultdict, deque
-from collections.abc import Hashable, Iterator, Sized
+from collections.abc import Hashable, Iterable, Iterator, Sized
 from typing import Any, TypeVar, cast
 
 from torch.utils.data import IterDataPipe
 
 from shardpipes.datapipes.iter.base import StageIterDataPipe, register
+from shardpipes.plan.epoch import Resume
 
 __all__ = [
     "DropperIterDataPipe",
@@ -57,6 +58,19 @@ def _source_len(dp: Any, stage: Any) -> int:
     raise TypeError(f"{type(stage).__name__} instance doesn't have valid length")
 
 
+def _counted(source: Iterable[T], resume: Resume | None) -> Iterator[tuple[int, T]]:
+    """``enumerate(source)``, or in a resumed epoch from where the reader had got.
+
+    The start is read once the first item is in: the sharder plans the reader when it yields
+    its first range.
+    """
+    it = iter(source)
+    for first in it:
+        start = resume.yielded() if resume is not None else 0
+        yield start, first
+        yield from enumerate(it, start + 1)
+
+
 @register("drop")
 class DropperIterDataPipe(StageIterDataPipe[T]):
     """Drop the given columns of tuples and lists, or keys of dicts (functional name: ``drop``).
@@ -70,6 +84,8 @@ class DropperIterDataPipe(StageIterDataPipe[T]):
         >>> list(IterableWrapper([(0, 1, 2)]).drop([0, 2]))
         [(1,)]
     """
+
+    one_to_one = True
 
     def __init__(self, datapipe: IterDataPipe[Any], indices: Hashable | list[Hashable]) -> None:
         self.datapipe = datapipe
@@ -109,6 +125,8 @@ class SliceIterDataPipe(StageIterDataPipe[T]):
         >>> list(IterableWrapper([[0, 1, 2, 3]]).slice(1, 3))
         [[1, 2]]
     """
+
+    one_to_one = True
 
     def __init__(
         self,
@@ -174,6 +192,8 @@ class FlattenIterDataPipe(StageIterDataPipe[T]):
         [(0, 1, 2)]
     """
 
+    one_to_one = True
+
     def __init__(
         self, datapipe: IterDataPipe[Any], indices: Hashable | list[Hashable] | None = None
     ) -> None:
@@ -224,12 +244,22 @@ class EnumeratorIterDataPipe(StageIterDataPipe[tuple[int, T]]):
         [(1, 'a'), (2, 'b')]
     """
 
+    one_to_one = True
+    resumable = True  # continues its count (set_resume)
+
     def __init__(self, source_datapipe: IterDataPipe[T], starting_index: int = 0) -> None:
         self.source_datapipe = source_datapipe
         self.starting_index = starting_index
+        self._resume: Resume | None = None
+
+    def set_resume(self, resume: Resume | None) -> EnumeratorIterDataPipe[T]:
+        """Continue the count of a resumed epoch (the loader's hook; ``None``: from the start)."""
+        self._resume = resume
+        return self
 
     def __iter__(self) -> Iterator[tuple[int, T]]:
-        yield from enumerate(self.source_datapipe, self.starting_index)
+        for i, item in _counted(self.source_datapipe, self._resume):
+            yield i + self.starting_index, item
 
     def __len__(self) -> int:
         return len(self.source_datapipe)
@@ -248,14 +278,23 @@ class IndexAdderIterDataPipe(StageIterDataPipe[dict[Any, Any]]):
         [{'a': 1, 'i': 0}]
     """
 
+    one_to_one = True
+    resumable = True  # continues its count (set_resume)
+
     def __init__(
         self, source_datapipe: IterDataPipe[dict[Any, Any]], index_name: str = "index"
     ) -> None:
         self.source_datapipe = source_datapipe
         self.index_name = index_name
+        self._resume: Resume | None = None
+
+    def set_resume(self, resume: Resume | None) -> IndexAdderIterDataPipe:
+        """Continue the count of a resumed epoch (the loader's hook; ``None``: from the start)."""
+        self._resume = resume
+        return self
 
     def __iter__(self) -> Iterator[dict[Any, Any]]:
-        for i, row in enumerate(self.source_datapipe):
+        for i, row in _counted(self.source_datapipe, self._resume):
             if not isinstance(row, dict):
                 raise NotImplementedError(
                     "We only support adding index to row or batch in dict type"
