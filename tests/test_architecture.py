@@ -4,7 +4,9 @@ The default test run checks what the lint environment checks, so a crossed layer
 """
 
 import ast
+import importlib
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -80,3 +82,60 @@ def _inner_imports(path):
 def test_no_package_import_inside_functions_outside_the_cli(path):
     # The CLI imports lazily to start fast; anywhere else an import in a function hides a circle.
     assert _inner_imports(path) == []
+
+
+def _named_in_architecture_page():
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    spans = re.findall(r"`([^`\n]+)`", text)
+    paths = {s for s in spans if re.fullmatch(r"[a-z_0-9]+(/[a-z_0-9]+)*(/|\.py)", s) and "/" in s}
+    dotted = {s for s in spans if re.fullmatch(r"shardpipes(\.[a-z_0-9]+)+", s)}
+    return text, paths, dotted
+
+
+def _exists(dotted):
+    """A module or package of shardpipes, or a name defined in one."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 1, -1):
+        where = PACKAGE.joinpath(*parts[1:i])
+        if where.with_suffix(".py").is_file() or (where / "__init__.py").is_file():
+            obj = importlib.import_module(".".join(parts[:i]))
+            return all((obj := getattr(obj, name, None)) is not None for name in parts[i:])
+    return False
+
+
+def test_the_architecture_page_names_what_exists():
+    _, paths, dotted = _named_in_architecture_page()
+    missing = sorted(p for p in paths if not (PACKAGE / p).exists() and not (ROOT / p).exists())
+    missing += sorted(d for d in dotted if not _exists(d))
+    assert missing == [], f"docs/architecture.md names what the code does not have: {missing}"
+    assert paths and dotted
+
+
+def test_the_architecture_page_names_every_package():
+    _, paths, dotted = _named_in_architecture_page()
+    named = {p.rstrip("/") for p in paths if p.endswith("/")}
+    named |= {d.removeprefix("shardpipes.").replace(".", "/") for d in dotted}
+    packages = {str(init.parent.relative_to(PACKAGE)) for init in PACKAGE.rglob("__init__.py")} - {
+        "."
+    }
+    assert sorted(packages - named) == [], "packages docs/architecture.md does not name"
+    assert {"dataloader2/graph", "datapipes/td09", "webdataset"} <= named
+
+
+def test_the_plan_imports_without_torch():
+    # The bottom layer is pure integer maths: importing it (or the package root) loads neither
+    # torch nor the stages.
+    code = (
+        "import sys, shardpipes, shardpipes.plan, shardpipes.errors\n"
+        "import "
+        + ", ".join(f"shardpipes.plan.{m.stem}" for m in (PACKAGE / "plan").glob("[a-z]*.py"))
+        + "\n"
+        "loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'shardpipes.datapipes')))\n"
+        "assert not loaded, loaded\n"
+        "assert shardpipes.datapipes.iter.IterableWrapper  # the one lazy attribute\n"
+        "assert 'torch' in sys.modules\n"
+        "print('ok')\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == "ok"

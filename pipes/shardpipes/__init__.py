@@ -3,11 +3,16 @@
 Import the stages from :mod:`shardpipes.datapipes.iter` and the loader from
 :mod:`shardpipes.dataloader2`; importing either registers the functional names
 (``.load_from_tar()``, ``.webdataset()``, ...) on torch's ``IterDataPipe``.
+
+Importing ``shardpipes`` (or its bottom layer, :mod:`shardpipes.plan`) loads neither torch nor
+the stages: ``shardpipes.datapipes`` is imported on first use of the attribute (as torchdata
+0.9 code writes ``torchdata.datapipes.iter...`` after ``import torchdata``).
 """
 
+import importlib
 from importlib.metadata import PackageNotFoundError, version
+from types import ModuleType
 
-from shardpipes import datapipes
 from shardpipes.errors import (
     DecodeError,
     SampleFormatError,
@@ -30,3 +35,10 @@ __all__ = [
     "__version__",
     "datapipes",
 ]
+
+
+def __getattr__(name: str) -> ModuleType:
+    # PEP 562: the one lazy attribute, so that the plan and the errors import without torch.
+    if name == "datapipes":
+        return importlib.import_module("shardpipes.datapipes")
+    raise AttributeError(f"module 'shardpipes' has no attribute {name!r}")
