@@ -157,6 +157,50 @@ def test_a_09_reading_service_gets_a_seed_generator_and_its_reset_fn_is_applied(
     assert len(rs.seen) == 1 and isinstance(rs.seen[0], int)
 
 
+class _Recording(MultiProcessingReadingService):
+    """Ours, subclassed without overriding initialize_iteration: still handed the plan."""
+
+    def __init__(self):
+        super().__init__(num_workers=0)
+
+
+class _Overriding(InProcessReadingService):
+    """0.9 code overriding initialize_iteration: handed the facade, passes it to ours."""
+
+    def __init__(self):
+        super().__init__()
+        self.given = []
+
+    def initialize_iteration(self, seed_generator, iter_reset_fn=None):
+        self.given.append(seed_generator)
+        return super().initialize_iteration(seed_generator, iter_reset_fn)
+
+
+def test_our_services_take_the_epoch_plan_and_a_09_service_the_seed_generator_facade():
+    from shardpipes.dataloader2 import EpochPlan, SequentialReadingService
+    from shardpipes.dataloader2.reading_service import handed
+
+    old, overriding = _OldStyleService(), _Overriding()
+    plan = EpochPlan(5, 1)
+    assert handed(InProcessReadingService(), plan) is plan
+    assert handed(_Recording(), plan) is plan
+    assert handed(SequentialReadingService(InProcessReadingService()), plan) is plan
+    for foreign in (old, overriding):
+        facade = handed(foreign, plan)
+        assert isinstance(facade, SeedGenerator) and facade._plan == plan
+    # in a loader: the 0.9 service draws from the facade; the same seed gives the same draws
+    dp = IterableWrapper(range(4)).shuffle()
+    runs = []
+    for _ in range(2):
+        rs = SequentialReadingService(_OldStyleService(), _Overriding())
+        with DataLoader2(dp, reading_service=rs) as dl:
+            dl.seed(9)
+            runs.append(list(dl))
+        assert isinstance(rs.reading_services[1].given[0], SeedGenerator)
+        assert rs.reading_services[1].given[0]._plan == EpochPlan(9, 0)
+    assert runs[0] == runs[1] and sorted(runs[0]) == [0, 1, 2, 3]
+
+
 def test_state_with_the_graph_restores_a_loader_made_without_one():
     dp = IterableWrapper(range(6)).shuffle()
     with DataLoader2(dp, reading_service=InProcessReadingService()) as dl:

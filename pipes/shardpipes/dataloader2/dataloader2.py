@@ -31,6 +31,7 @@ from shardpipes.dataloader2.reading_service import (
     MultiProcessingReadingService,
     ReadingServiceInterface,
     SequentialReadingService,
+    handed,
 )
 from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe
 from shardpipes.errors import ShardingWarning
@@ -315,7 +316,9 @@ class DataLoader2(Generic[T]):
         self._skipped_at_start = _skipped(self.reading_service)
         self._open_iteration = True
         try:
-            found = self.reading_service.initialize_iteration(SeedGenerator.from_plan(generator))
+            found = self.reading_service.initialize_iteration(
+                handed(self.reading_service, generator)
+            )
             if callable(found) and not isinstance(found, SeedGenerator | EpochPlan):
                 self._graph = found(self._graph)  # a 0.9 service's iter_reset_fn
             fresh = not skip and not generator.resume  # a whole epoch: check it yields something

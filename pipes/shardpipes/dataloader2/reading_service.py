@@ -6,11 +6,12 @@ protocol, minus its ``__del__``):
 - ``initialize(datapipe) -> datapipe``: once, on the first epoch, with ``DataLoader2``'s own
   deep copy of the user's graph. Applies sharding, adds stages, returns the graph to iterate.
 - ``initialize_iteration(seed_generator, iter_reset_fn=None)``: before each epoch's first item.
-  ``seed_generator`` is torchdata 0.9's :class:`~shardpipes.dataloader2.random.SeedGenerator`
-  made from the epoch's :class:`~shardpipes.plan.epoch.EpochPlan` (our services read the plan
-  back with ``as_plan``). Seeds the graph; returns the generator for the next service (rank,
-  then worker spawned). A 0.9-style service may instead return ``None`` or a function
-  ``datapipe -> datapipe`` that ``DataLoader2`` applies to the graph.
+  Our services (their ``initialize_iteration`` is marked :func:`takes_plan`) are handed the
+  epoch's :class:`~shardpipes.plan.epoch.EpochPlan`; a service written for torchdata 0.9 is
+  handed 0.9's :class:`~shardpipes.dataloader2.random.SeedGenerator`, a facade carrying the
+  same plan (:func:`handed` decides). Seeds the graph; returns the plan (or generator) for the
+  next service (rank, then worker spawned). A 0.9-style service may instead return ``None`` or
+  a function ``datapipe -> datapipe`` that ``DataLoader2`` applies to the graph.
 - ``finalize_iteration()``: after each epoch ends, is left with ``break``, or fails.
 - ``finalize()``: once, from ``DataLoader2.shutdown()``.
 """
@@ -22,7 +23,7 @@ import logging
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -47,7 +48,7 @@ from shardpipes.dataloader2._worker import EpochEnd, EpochSlot, WorkerDataset
 from shardpipes.dataloader2.graph import apply_epoch_plan, has_sharding, stages_of
 from shardpipes.dataloader2.graph.utils import _swap_in
 from shardpipes.dataloader2.random.distributed import dist_share_seed
-from shardpipes.dataloader2.random.seed_generator import SeedGenerator, as_plan
+from shardpipes.dataloader2.random.seed_generator import SeedGenerator, as_plan, facade
 from shardpipes.dataloader2.utils.worker import WorkerInfo
 from shardpipes.datapipes.iter._index_length import exact_length_plan
 from shardpipes.datapipes.iter.base import in_main_process
@@ -70,9 +71,34 @@ __all__ = [
     "PrototypeMultiProcessingReadingService",
     "ReadingServiceInterface",
     "SequentialReadingService",
+    "handed",
+    "takes_plan",
 ]
 
 logger = logging.getLogger(__name__)
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def takes_plan(method: _F) -> _F:
+    """Mark an ``initialize_iteration`` as ours: it is handed the ``EpochPlan``, not 0.9's facade."""
+    method._takes_epoch_plan = True  # type: ignore[attr-defined]
+    return method
+
+
+def handed(
+    service: ReadingServiceInterface, plan: EpochPlan | SeedGenerator
+) -> EpochPlan | SeedGenerator:
+    """What ``service.initialize_iteration`` is given: the plan for ours, a ``SeedGenerator`` for 0.9's.
+
+    A service is ours when the ``initialize_iteration`` its class uses is marked
+    :func:`takes_plan`; a subclass that overrides it (0.9 code) gets the facade, and its
+    ``super()`` call reaches ours with the facade, which ours accept too.
+    """
+    if getattr(type(service).initialize_iteration, "_takes_epoch_plan", False):
+        return as_plan(plan)
+    return facade(plan)
 
 
 class ReadingServiceInterface(ABC):
@@ -82,8 +108,11 @@ class ReadingServiceInterface(ABC):
     def initialize(self, datapipe: IterDataPipe[Any]) -> IterDataPipe[Any]:
         """Prepare the graph once; return the graph ``DataLoader2`` iterates."""
 
+    @takes_plan
     def initialize_iteration(
-        self, seed_generator: SeedGenerator, iter_reset_fn: Callable[[Any], Any] | None = None
+        self,
+        seed_generator: EpochPlan | SeedGenerator,
+        iter_reset_fn: Callable[[Any], Any] | None = None,
     ) -> Any:
         """Prepare one epoch; return the seed generator for the next service."""
         return seed_generator
@@ -166,13 +195,16 @@ class InProcessReadingService(ReadingServiceInterface):
             return PrefetcherIterDataPipe(datapipe, self.prefetch_cnt)
         return datapipe
 
+    @takes_plan
     def initialize_iteration(
-        self, seed_generator: SeedGenerator, iter_reset_fn: Callable[[Any], Any] | None = None
+        self,
+        seed_generator: EpochPlan | SeedGenerator,
+        iter_reset_fn: Callable[[Any], Any] | None = None,
     ) -> Any:
         """Seed the graph for this epoch."""
         apply_epoch_plan(self._datapipe, as_plan(seed_generator))
         if self.reset_fn is not None:
-            self.reset_fn(self._datapipe, WorkerInfo(1, 0), seed_generator)
+            self.reset_fn(self._datapipe, WorkerInfo(1, 0), facade(seed_generator))
         return seed_generator
 
     def skipped(self) -> SkipStats:
@@ -326,8 +358,11 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         self._end_datapipe = _reattach(tail, pool)  # 0.9's name for the graph iterated
         return self._end_datapipe
 
+    @takes_plan
     def initialize_iteration(
-        self, seed_generator: SeedGenerator, iter_reset_fn: Callable[[Any], Any] | None = None
+        self,
+        seed_generator: EpochPlan | SeedGenerator,
+        iter_reset_fn: Callable[[Any], Any] | None = None,
     ) -> Any:
         """Publish this epoch's seeds to the workers (or seed the in-process graph)."""
         plan = as_plan(seed_generator)
@@ -540,8 +575,11 @@ class DistributedReadingService(ReadingServiceInterface):
         """Rank 0's ``seed`` on every rank (for a seed drawn from each rank's own generator)."""
         return dist_share_seed(seed, self._group)
 
+    @takes_plan
     def initialize_iteration(
-        self, seed_generator: SeedGenerator, iter_reset_fn: Callable[[Any], Any] | None = None
+        self,
+        seed_generator: EpochPlan | SeedGenerator,
+        iter_reset_fn: Callable[[Any], Any] | None = None,
     ) -> Any:
         """Check that all ranks agree on seed and epoch; seed the graph for this rank."""
         plan = as_plan(seed_generator)
@@ -595,8 +633,11 @@ class SequentialReadingService(ReadingServiceInterface):
             datapipe = rs.initialize(datapipe)
         return datapipe
 
+    @takes_plan
     def initialize_iteration(
-        self, seed_generator: SeedGenerator, iter_reset_fn: Callable[[Any], Any] | None = None
+        self,
+        seed_generator: EpochPlan | SeedGenerator,
+        iter_reset_fn: Callable[[Any], Any] | None = None,
     ) -> Any:
         """Pass the seed generator through each service in order.
 
@@ -606,7 +647,7 @@ class SequentialReadingService(ReadingServiceInterface):
         reset_fns = [iter_reset_fn] if iter_reset_fn is not None else []
         current: SeedGenerator | EpochPlan = seed_generator
         for rs in self.reading_services:
-            found = rs.initialize_iteration(current)  # type: ignore[arg-type]
+            found = rs.initialize_iteration(handed(rs, current))
             if isinstance(found, SeedGenerator | EpochPlan):
                 current = found
             elif callable(found):

@@ -1,9 +1,10 @@
-"""torchdata 0.9's ``SeedGenerator``, carrying the :class:`~shardpipes.plan.epoch.EpochPlan` it stands for.
+"""torchdata 0.9's ``SeedGenerator``: a facade over the :class:`~shardpipes.plan.epoch.EpochPlan` it stands for.
 
-``DataLoader2`` hands reading services a ``SeedGenerator`` made from the epoch's plan (0.9's
-interface); our services read the plan back with :func:`as_plan`, and 0.9-style code calls
-``generate_shared_seed()``/``generate_seed()``/``spawn()`` on it as before. A generator made
-by user code (``SeedGenerator(123)``) stands for the plan of seed 123, epoch 0.
+Our reading services are handed the epoch's plan itself. Code written for 0.9 (a reading
+service of its own, a ``worker_reset_fn``) is handed a ``SeedGenerator`` made from the plan
+(:func:`facade`), and calls ``generate_shared_seed()``/``generate_seed()``/``spawn()`` on it as
+before; :func:`as_plan` reads the plan back when such code passes it on to ours. A generator
+made by user code (``SeedGenerator(123)``) stands for the plan of seed 123, epoch 0.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 from shardpipes.dataloader2.random._philox import PhiloxEngine
 from shardpipes.plan.epoch import EpochPlan
 
-__all__ = ["SeedGenerator", "as_plan", "int64_seed"]
+__all__ = ["SeedGenerator", "as_plan", "facade", "int64_seed"]
 
 _UINT64_UPPER_BOUND = 2**64
 _SHARED, _WORKER = 0, 1
@@ -121,3 +122,8 @@ def as_plan(seed_generator: SeedGenerator | EpochPlan) -> EpochPlan:
     raise TypeError(
         f"expected a SeedGenerator or an EpochPlan, got {type(seed_generator).__name__}"
     )
+
+
+def facade(plan: EpochPlan | SeedGenerator) -> SeedGenerator:
+    """0.9's ``SeedGenerator`` for code written for 0.9: the one it was given, or one made from the plan."""
+    return plan if isinstance(plan, SeedGenerator) else SeedGenerator.from_plan(plan)
