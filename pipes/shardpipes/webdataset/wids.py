@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch.utils.data import Dataset, Sampler
 
 from shardpipes.datapipes.iter import IterableWrapper
+from shardpipes.formats.decoders import decoders
 from shardpipes.formats.tarparse import iter_tar
 from shardpipes.index import ShardIndex, ShardInfo, find_index, index_shard, open_range
 
@@ -39,20 +40,17 @@ __all__ = [
 ]
 
 
+# The registry's decoders for the extensions wids decodes by default (never a pickle).
+_BASIC = decoders(("txt", "text", "cls", "cls2", "json", "npy"))
+
+
 def _decode_basic(key: str, value: bytes) -> Any:
     parts = key.split(".")
     ext = parts[-1].lower()
     if ext == "gz" and len(parts) >= 3:
         ext = parts[-2].lower()
-    if ext in ("txt", "text"):
-        return value.decode("utf-8")
-    if ext in ("cls", "cls2"):
-        return int(value.decode("utf-8"))
-    if ext == "json":
-        return json.loads(value)
-    if ext == "npy":
-        return np.load(io.BytesIO(value), allow_pickle=False)
-    return None
+    fn = _BASIC.get(ext)
+    return fn(value) if fn is not None else None
 
 
 _IMAGE_EXTS = ("jpg", "png", "ppm", "pgm", "pbm", "pnm")
