@@ -69,7 +69,7 @@ def decompress_stream(codec: str, fileobj: IO[bytes]) -> IO[bytes]:
     """
     opener: Any
     if codec == "gzip":
-        return gzip.GzipFile(fileobj=fileobj, mode="rb")
+        return gzip.GzipFile(fileobj=fileobj, mode="rb")  # type: ignore[return-value]
     if codec == "bzip2":
         opener = bz2.BZ2File
     elif codec == "xz":

@@ -195,7 +195,7 @@ def _maybe_decompressed(stream: IO[bytes], url: str) -> IO[bytes]:
     if kind is None:
         return _Prefixed(head, stream)  # type: ignore[return-value]
     prefixed = io.BufferedReader(_Prefixed(head, stream), 1 << 16)
-    reader = decompress_stream(kind, prefixed)  # type: ignore[arg-type]
+    reader = decompress_stream(kind, prefixed)
     return _Checked(reader, url, kind)  # type: ignore[return-value]
 
 
