@@ -15,17 +15,16 @@ from collections.abc import Mapping
 from typing import IO, Any, cast
 
 from fsspec import AbstractFileSystem
-from fsspec.core import url_to_fs
 
-from shardpipes.errors import ShardReadError
-from shardpipes.storage.remote import open_remote
-from shardpipes.storage.retry import (
+from shardpipes.errors import (
     ForbiddenShardError,
     MissingShardError,
     NotAFileError,
-    Redactor,
-    RetryPolicy,
+    ShardReadError,
 )
+from shardpipes.storage.remote import open_remote
+from shardpipes.storage.retry import Redactor
+from shardpipes.storage.source import ReadOptions, Source, filesystem, resolve
 from shardpipes.storage.urls import url_dir, url_join
 
 __all__ = [
@@ -34,6 +33,8 @@ __all__ = [
     "check_read_options",
     "filesystem",
     "is_local",
+    "open_source",
+    "open_text",
     "open_url",
     "read_shard_list",
     "unstrip",
@@ -96,25 +97,6 @@ if hasattr(os, "register_at_fork"):
     )
 
 
-def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
-    """Return ``(filesystem, path)`` for ``url``, with a clear error for a missing backend."""
-    try:
-        fs, path = url_to_fs(url, **dict(storage_options or {}))
-    except ImportError as exc:
-        proto = url.split("://", 1)[0] if "://" in url else "file"
-        extra = {
-            "s3": "s3",
-            "s3a": "s3",
-            "gs": "gcs",
-            "gcs": "gcs",
-            "http": "http",
-            "https": "http",
-        }
-        hint = f"pip install 'shardpipes[{extra[proto]}]'" if proto in extra else str(exc)
-        raise ImportError(f"reading {url!r} needs the {proto!r} filesystem: {hint}") from exc
-    return fs, str(path)
-
-
 def unstrip(fs: Any, path: str, like: str) -> str:
     """Give ``path`` (as returned by ``fs.ls``/``fs.glob``) the protocol prefix ``like`` had."""
     if "://" not in like:
@@ -128,16 +110,12 @@ def check_read_options(block_size: int | None, readahead: int | None) -> None:
         raise ValueError(
             f"block_size should be an integer of at least 4096 bytes or None, got {block_size!r}"
         )
-    if readahead is not None and (not isinstance(readahead, int) or not 0 <= readahead <= 64):
-        raise ValueError(f"readahead should be an integer in [0, 64], got {readahead!r}")
+    ReadOptions(readahead=readahead)
 
 
 def is_local(fs: Any, url: str) -> bool:
     """Whether ``url`` is read in-process (local disk, memory, or a chained fsspec URL)."""
-    from fsspec.implementations.local import LocalFileSystem
-    from fsspec.implementations.memory import MemoryFileSystem
-
-    return isinstance(fs, (LocalFileSystem, MemoryFileSystem)) or "::" in url
+    return not Source(url, fs, "", None).streamed
 
 
 def open_url(
@@ -165,18 +143,25 @@ def open_url(
         ...     f.read()
         b'hi'
     """
-    retry = RetryPolicy(retries=retries, backoff=backoff, timeout=timeout)
-    fs, path = filesystem(url, storage_options)
+    options = ReadOptions(block_size, readahead, retries, backoff, timeout)
+    return open_source(resolve(url, storage_options), mode, options, open_kwargs, queue=queue)
+
+
+def open_source(
+    source: Source,
+    mode: str = "rb",
+    options: ReadOptions = ReadOptions(),  # noqa: B008  # frozen: one shared default is fine
+    open_kwargs: Mapping[str, Any] | None = None,
+    *,
+    queue: Any = None,
+) -> IO[Any]:
+    """Open a resolved :class:`Source` for reading, as :func:`open_url` does for a URL."""
     kwargs = dict(open_kwargs or {})
-    if not is_local(fs, url):
+    url = source.url
+    if source.streamed:
         stream = open_remote(
-            url,
-            fs,
-            path,
-            block_size=block_size,
-            readahead=readahead,
-            retry=retry,
-            storage_options=storage_options,
+            source,
+            options=options,
             open_kwargs={k: v for k, v in kwargs.items() if k not in _TEXT_KWARGS},
             queue=queue,
             size=getattr(url, "size", None),
@@ -186,13 +171,32 @@ def open_url(
         text = {k: v for k, v in kwargs.items() if k in _TEXT_KWARGS}
         return io.TextIOWrapper(io.BufferedReader(stream, 1 << 20), **text)
     try:
-        return fs.open(path, mode, **kwargs)  # type: ignore[no-any-return]
+        return source.fs.open(source.path, mode, **kwargs)  # type: ignore[no-any-return]
     except FileNotFoundError as exc:
         raise _read_error(url, "no such file", exc, MissingShardError) from exc
     except PermissionError as exc:
         raise _read_error(url, "permission denied", exc, ForbiddenShardError) from exc
     except IsADirectoryError as exc:
         raise _read_error(url, "is a directory, not a file", exc, NotAFileError) from exc
+
+
+def open_text(
+    url: str, storage_options: Mapping[str, Any] | None = None, *, encoding: str = "utf-8"
+) -> IO[str]:
+    """Open a small text file (a descriptor, an index, a list) for reading, whole.
+
+    Remote files are read in one go with retries; errors name the URL, never credentials.
+
+    Examples:
+        >>> import tempfile, os
+        >>> p = os.path.join(tempfile.mkdtemp(), "a.json"); _ = open(p, "w").write("{}")
+        >>> with open_text(p) as f:
+        ...     f.read()
+        '{}'
+    """
+    with open_source(resolve(url, storage_options), "rb", ReadOptions(readahead=0)) as f:
+        raw = f.read()
+    return io.StringIO(raw.decode(encoding))
 
 
 _TEXT_KWARGS = frozenset({"encoding", "errors", "newline"})
