@@ -8,6 +8,7 @@ subclasses that name the URL.
 from __future__ import annotations
 
 import errno
+import gzip
 import io
 import json
 import os
@@ -181,11 +182,26 @@ def open_source(
 
 
 def open_text(
-    url: str, storage_options: Mapping[str, Any] | None = None, *, encoding: str = "utf-8"
+    url: str,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    encoding: str = "utf-8",
+    compression: str | None = None,
 ) -> IO[str]:
-    """Open a small text file (a descriptor, an index, a list) for reading, whole.
+    """Open a text file (a descriptor, an index) for reading as a stream, gzip-compressed or not.
 
-    Remote files are read in one go with retries; errors name the URL, never credentials.
+    Remote files are read sequentially with retries (no read-ahead threads); errors name the
+    URL, never credentials.
+
+    Args:
+        url: A local path or any fsspec URL.
+        storage_options: Passed to the fsspec filesystem.
+        encoding: Of the text. Default: ``"utf-8"``.
+        compression: ``"gzip"`` to decompress. Default: ``None``.
+
+    Raises:
+        MissingShardError: No such file (a ``FileNotFoundError``), and the other
+            :class:`ShardReadError` subclasses.
 
     Examples:
         >>> import tempfile, os
@@ -194,9 +210,30 @@ def open_text(
         ...     f.read()
         '{}'
     """
-    with open_source(resolve(url, storage_options), "rb", ReadOptions(readahead=0)) as f:
-        raw = f.read()
-    return io.StringIO(raw.decode(encoding))
+    if compression not in (None, "gzip"):
+        raise ValueError(f"compression {compression!r} is not supported; must be 'gzip' or None")
+    raw = open_source(resolve(url, storage_options), "rb", ReadOptions(readahead=0))
+    layers: list[Any] = [raw]
+    if isinstance(raw, io.RawIOBase):
+        layers.append(io.BufferedReader(raw, 1 << 20))  # a RemoteStream: unbuffered
+    if compression == "gzip":
+        layers.append(gzip.GzipFile(fileobj=layers[-1], mode="rb"))
+    return _TextFile(layers[-1], encoding, layers[:-1])
+
+
+class _TextFile(io.TextIOWrapper):
+    """A text stream that also closes the layers below its buffer (a GzipFile leaves its file)."""
+
+    def __init__(self, buffer: Any, encoding: str, below: list[Any]) -> None:
+        super().__init__(buffer, encoding=encoding)
+        self._below = below
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            for layer in reversed(self._below):
+                layer.close()
 
 
 _TEXT_KWARGS = frozenset({"encoding", "errors", "newline"})
