@@ -18,10 +18,9 @@ import posixpath
 import random
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any, cast
 
-import fsspec
 import numpy as np
 import torch.distributed as dist
 from torch.utils.data import Dataset, Sampler
@@ -30,6 +29,7 @@ from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.formats.decoders import decoders
 from shardpipes.formats.tarparse import iter_tar
 from shardpipes.index import ShardIndex, ShardInfo, find_index, index_shard, open_range
+from shardpipes.storage.open import open_text
 
 __all__ = [
     "ChunkedSampler",
@@ -112,10 +112,13 @@ def _urldir(url: str) -> str:
 
 
 def _load_descriptor(
-    source: Any, base: str | None, options: dict[str, Any]
+    source: Any,
+    base: str | None,
+    options: dict[str, Any],
+    storage_options: Mapping[str, Any] | None,
 ) -> tuple[dict[str, Any], str | None]:
     if isinstance(source, str):
-        with fsspec.open(source, "r") as f:
+        with open_text(source, storage_options) as f:
             spec = json.load(f)
         base = base if base is not None else _urldir(source)
     else:
@@ -123,7 +126,7 @@ def _load_descriptor(
     spec.update(options)
     if "shardlist" not in spec and "shards" in spec and isinstance(source, str):
         # A shardpipes index file: the same information, plus the sample offsets.
-        idx = ShardIndex.load(source)
+        idx = ShardIndex.load(source, storage_options=storage_options)
         spec["shardlist"] = [{"url": s.url, "nsamples": s.num_samples} for s in idx.shards]
         spec["_index"] = idx
         return spec, None
@@ -147,7 +150,8 @@ class ShardListDataset(Dataset[dict[str, Any]]):
         transformations: ``"PIL"`` (default), ``"numpy"``, a callable or a list of them.
         base: Folder or URL prefix for relative shard URLs of a descriptor.
         options: Entries overriding the descriptor's.
-        storage_options: fsspec options for the shards.
+        storage_options: fsspec options (endpoint, credentials) for the descriptor, its index
+            and the shards.
 
     Raises:
         ValueError: An empty shard list, or a shard whose sample count differs from ``nsamples``.
@@ -171,7 +175,9 @@ class ShardListDataset(Dataset[dict[str, Any]]):
     ) -> None:
         self._index: ShardIndex | None = None
         if isinstance(shards, str | io.IOBase):
-            self.spec, self.base = _load_descriptor(shards, base, dict(options or {}))
+            self.spec, self.base = _load_descriptor(
+                shards, base, dict(options or {}), storage_options
+            )
             self._index = self.spec.pop("_index", None)
             self.shards = self.spec.get("shardlist", [])
             self.dataset_name = self.spec.get("name") or str(shards)
