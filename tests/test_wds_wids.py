@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 
 import pytest
 import torch.distributed as dist
@@ -121,7 +122,7 @@ def test_remote_descriptor_and_index_are_read_with_the_storage_options(
     passed to ShardListDataset reach the server, so a read without them fails.
     """
     names = [os.path.basename(u) for u in shards]
-    files = {n: open(u, "rb").read() for n, u in zip(names, shards, strict=True)}
+    files = {n: pathlib.Path(u).read_bytes() for n, u in zip(names, shards, strict=True)}
     files["train.json"] = json.dumps(
         {"shardlist": [{"url": n, "nsamples": 5} for n in names]}
     ).encode()
