@@ -7,6 +7,7 @@ subclasses that name the URL.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import gzip
 import io
@@ -125,17 +126,24 @@ def open_url(
     storage_options: Mapping[str, Any] | None = None,
     open_kwargs: Mapping[str, Any] | None = None,
     *,
-    block_size: int | None = None,
-    readahead: int | None = None,
-    retries: int = 5,
-    backoff: float = 0.5,
-    timeout: float | None = 60.0,
+    options: ReadOptions | None = None,
     queue: Any = None,
+    **read_options: Any,
 ) -> IO[Any]:
     """Open ``url`` for reading; map failures to :class:`ShardReadError` subclasses naming the URL.
 
     Local files are opened directly. Remote ones get a resumable read-ahead stream; the
     options are those of :class:`FSSpecFileOpenerIterDataPipe`.
+
+    Args:
+        url: A local path or any fsspec URL.
+        mode: ``"rb"`` (default) or ``"r"``.
+        storage_options: Passed to the fsspec filesystem.
+        open_kwargs: Passed to ``fs.open`` (local files, servers without ranges).
+        options: How to read a remote object (a :class:`ReadOptions`). Default: its defaults.
+        queue: The read-ahead queue of an opener that opens shards ahead.
+        **read_options: Fields of :class:`ReadOptions` (``block_size``, ``readahead``,
+            ``retries``, ``backoff``, ``timeout``) over ``options``.
 
     Examples:
         >>> import tempfile, os
@@ -144,7 +152,7 @@ def open_url(
         ...     f.read()
         b'hi'
     """
-    options = ReadOptions(block_size, readahead, retries, backoff, timeout)
+    options = dataclasses.replace(options or ReadOptions(), **read_options)
     return open_source(resolve(url, storage_options), mode, options, open_kwargs, queue=queue)
 
 
