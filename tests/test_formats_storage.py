@@ -316,3 +316,12 @@ def test_opener_keeps_its_read_options_as_one_value(tmp_path):
     )
     assert dp.options == ReadOptions(readahead=0, retries=1, timeout=5)
     assert [s.read() for _, s in dp] == [b"abc"]
+
+
+def test_shard_writer_members_are_plain_ustar_sized(tmp_path):
+    """No per-member pax header: a sample of three small fields takes three 1024-byte members."""
+    with ShardWriter(os.fspath(tmp_path / "s-%d.tar")) as w:
+        w.write({"__key__": "a", ".cls": 1, ".txt": "x", ".json": {"a": 1}})
+    with open(tmp_path / "s-0.tar", "rb") as f:
+        entries = list(iter_tar(f, "s-0"))
+    assert [e.offset for e in entries] == [0, 1024, 2048]

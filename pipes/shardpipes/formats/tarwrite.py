@@ -55,7 +55,7 @@ class TarMemberWriter:
         data: bytes | bytearray | memoryview,
         *,
         mode: int = 0o444,
-        mtime: float = 0.0,
+        mtime: float = 0,
         uname: str = "",
         gname: str = "",
     ) -> int:
@@ -63,7 +63,7 @@ class TarMemberWriter:
         info = tarfile.TarInfo(name)
         info.size = len(data)
         info.mode = mode
-        info.mtime = mtime
+        info.mtime = mtime  # as given: PAX_FORMAT writes any float mtime as a pax header
         info.uname = uname
         info.gname = gname
         self._tar.addfile(info, io.BytesIO(data))

@@ -28,8 +28,10 @@ from torch.utils.data import Dataset, Sampler
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.formats.decoders import decoders
 from shardpipes.formats.tarparse import iter_tar
-from shardpipes.index import ShardIndex, ShardInfo, find_index, index_shard, open_range
+from shardpipes.index import ShardIndex, ShardInfo, find_index, index_shard
 from shardpipes.storage.open import open_text
+from shardpipes.storage.ranges import read_range
+from shardpipes.storage.source import Source, resolve
 
 __all__ = [
     "ChunkedSampler",
@@ -195,7 +197,7 @@ class ShardListDataset(Dataset[dict[str, Any]]):
         self.lru_size = lru_size
         self.storage_options = storage_options
         self.transformations = _transformations(transformations)
-        self._infos: OrderedDict[str, tuple[str, ShardInfo]] = OrderedDict()
+        self._infos: OrderedDict[str, tuple[Source, ShardInfo]] = OrderedDict()
         self._sidecar: ShardIndex | bool | None = None
         self.accesses = 0
         self.misses = 0
@@ -226,7 +228,7 @@ class ShardListDataset(Dataset[dict[str, Any]]):
             )
         return self._sidecar if isinstance(self._sidecar, ShardIndex) else None
 
-    def _shard(self, url: str, expected: int) -> tuple[str, ShardInfo]:
+    def _shard(self, url: str, expected: int) -> tuple[Source, ShardInfo]:
         self.accesses += 1
         hit = self._infos.get(url)
         if hit is not None:
@@ -253,10 +255,11 @@ class ShardListDataset(Dataset[dict[str, Any]]):
             raise ValueError(
                 f"{url}: the shard has {info.num_samples} samples, the shard list says {expected}"
             )
-        self._infos[url] = (read_url, info)
+        # Resolved once per shard: every sample read of it goes to the same filesystem.
+        self._infos[url] = hit = (resolve(read_url, self.storage_options), info)
         while len(self._infos) > self.lru_size:
             self._infos.popitem(last=False)
-        return read_url, info
+        return hit
 
     def get_shard(self, index: int) -> tuple[str, int, dict[str, Any]]:
         """``(shard URL, index in the shard, shard descriptor)`` of sample ``index``."""
@@ -271,9 +274,9 @@ class ShardListDataset(Dataset[dict[str, Any]]):
         if not 0 <= index < self.total_length:
             raise IndexError(f"index {index} is outside [0, {self.total_length})")
         url, inner, desc = self.get_shard(index)
-        read_url, info = self._shard(url, int(desc["nsamples"]))
+        source, info = self._shard(url, int(desc["nsamples"]))
         offset, size = info.byte_range(inner, inner + 1)
-        stream = open_range(read_url, offset, size, self.storage_options)
+        stream = read_range(source, offset, size)
         sample: dict[str, Any] = {}
         try:
             for entry in iter_tar(
