@@ -338,7 +338,7 @@ def test_json_fast_path_agrees_with_json_loads(data):
     must be exactly json.loads'."""
     import json
 
-    from shardpipes.datapipes.iter.decode import _json
+    from shardpipes.formats.decoders import decode_json as _json
 
     try:
         expected = ("value", json.loads(data))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 
 import pytest
 import torch.distributed as dist
@@ -108,3 +109,35 @@ def test_remote_sample_is_one_range_request(http_server, tmp_path):
     ranges = [g.range for g in http_server.log.gets("img-000000")[before:]]
     offset, size = info.byte_range(4, 5)
     assert ranges == [f"bytes={offset}-{offset + size - 1}"]
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("kind", ["wids descriptor", "shardpipes index"])
+def test_remote_descriptor_and_index_are_read_with_the_storage_options(
+    s3, tmp_path, shards, monkeypatch, kind
+):
+    """The descriptor (or index file) and the sidecar index are read with ``storage_options``.
+
+    The environment points S3 at a closed port and holds no credentials: only the options
+    passed to ShardListDataset reach the server, so a read without them fails.
+    """
+    names = [os.path.basename(u) for u in shards]
+    files = {n: pathlib.Path(u).read_bytes() for n, u in zip(names, shards, strict=True)}
+    files["train.json"] = json.dumps(
+        {"shardlist": [{"url": n, "nsamples": 5} for n in names]}
+    ).encode()
+    urls = s3.put("data", files)
+    if kind == "shardpipes index":
+        remote = build_index(urls[:3], storage_options=s3.options(), progress=False)
+        remote.save("s3://data/train.index.json", storage_options=s3.options())
+        source = "s3://data/train.index.json"
+    else:
+        source = "s3://data/train.json"
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # discard port: refused
+    ds = ShardListDataset(source, storage_options=s3.options(), transformations=[])
+    assert len(ds) == 15
+    sample = ds[7]
+    assert sample["__key__"] == "s00007" and sample[".cls"].read() == b"2"
+    assert sample["__shard__"] == urls[1]

@@ -16,6 +16,10 @@ import errno
 __all__ = [
     "DecodeError",
     "EmptyEpochWarning",
+    "ForbiddenShardError",
+    "MissingShardError",
+    "NotAFileError",
+    "RetriesExhaustedError",
     "SampleFormatError",
     "ShardFormatError",
     "ShardReadError",
@@ -55,6 +59,22 @@ class ShardReadError(ShardpipesError, OSError):
             _rebuild_read_error,
             (type(self), str(self.strerror), self.url, self.offset, self.errno),
         )
+
+
+class MissingShardError(ShardReadError, FileNotFoundError):
+    """The URL names no file (or no bucket)."""
+
+
+class ForbiddenShardError(ShardReadError, PermissionError):
+    """Access to the URL is denied (401/403, bad or missing credentials)."""
+
+
+class NotAFileError(ShardReadError, IsADirectoryError):
+    """The URL names a directory."""
+
+
+class RetriesExhaustedError(ShardReadError):
+    """Transient errors (resets, time-outs, 5xx) went on past the configured retries."""
 
 
 def _rebuild_read_error(

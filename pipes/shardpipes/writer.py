@@ -11,15 +11,13 @@ from __future__ import annotations
 import io
 import json
 import numbers
-import os
-import tarfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import fsspec
-from fsspec.implementations.local import LocalFileSystem
+from shardpipes.formats.tarwrite import TarMemberWriter
+from shardpipes.storage.write import AtomicFile, write_atomic
 
-__all__ = ["ShardWriter", "encode_value"]
+__all__ = ["ShardSeries", "ShardWriter", "encode_value"]
 
 
 def encode_value(ext: str, value: Any) -> bytes:
@@ -43,6 +41,57 @@ def encode_value(ext: str, value: Any) -> bytes:
         np.save(buf, np.asarray(value), allow_pickle=False)
         return buf.getvalue()
     raise TypeError(f"field {ext!r}: cannot encode {type(value).__name__}; pass bytes")
+
+
+class ShardSeries:
+    """Numbered shards ``pattern % n``, opened one after the other: the core of both shard writers.
+
+    Each shard is opened with :func:`~shardpipes.storage.write.write_atomic` (a local shard is
+    written as ``<name>.partial`` and renamed into place when finished), or with ``opener``.
+
+    Args:
+        pattern: Shard URL with a ``%d``-style placeholder.
+        start: Number of the first shard. Default: ``0``.
+        storage_options: Passed to fsspec for remote destinations.
+        opener: ``opener(url)`` returns the binary stream to write a shard to (not closed
+            here). Default: :func:`~shardpipes.storage.write.write_atomic`.
+
+    Attributes:
+        urls: The shards opened so far.
+    """
+
+    def __init__(
+        self,
+        pattern: str,
+        *,
+        start: int = 0,
+        storage_options: Mapping[str, Any] | None = None,
+        opener: Callable[[str], Any] | None = None,
+    ) -> None:
+        self.pattern = pattern
+        self.start = start
+        self.storage_options = dict(storage_options or {})
+        self.opener = opener
+        self.urls: list[str] = []
+        self._file: AtomicFile | None = None
+
+    def next(self) -> Any:
+        """Finish the current shard, open the next and return its binary stream."""
+        self.finish()
+        url = self.pattern % (self.start + len(self.urls))
+        if self.opener is not None:
+            stream = self.opener(url)
+        else:
+            self._file = write_atomic(url, self.storage_options)
+            stream = self._file.file
+        self.urls.append(url)
+        return stream
+
+    def finish(self) -> None:
+        """Put the current shard in place (call after its tar stream is closed)."""
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()
 
 
 class ShardWriter:
@@ -94,27 +143,15 @@ class ShardWriter:
         self.maxsize = maxsize
         self.start = start
         self.storage_options = dict(storage_options or {})
-        self.urls: list[str] = []
+        self._series = ShardSeries(pattern, start=start, storage_options=self.storage_options)
+        self.urls = self._series.urls
         self.counts: list[int] = []
-        self._file: Any = None
-        self._tar: tarfile.TarFile | None = None
+        self._tar: TarMemberWriter | None = None
         self._size = 0
-        self._rename: tuple[str, str] | None = None  # (partial, final) of a local shard
 
     def _next_shard(self) -> None:
         self._close_shard()
-        url = self.pattern % (self.start + len(self.urls))
-        fs, path = fsspec.core.url_to_fs(url, **self.storage_options)
-        parent = os.path.dirname(path)
-        if parent:
-            fs.makedirs(parent, exist_ok=True)
-        if isinstance(fs, LocalFileSystem):
-            self._rename = (f"{path}.partial", path)
-            path = self._rename[0]
-        self._file = fs.open(path, "wb")  # closed in _close_shard
-        # Open across write() calls, closed in _close_shard: no with-block can span them.
-        self._tar = tarfile.open(fileobj=self._file, mode="w|", format=tarfile.PAX_FORMAT)  # noqa: SIM115
-        self.urls.append(url)
+        self._tar = TarMemberWriter(self._series.next())
         self.counts.append(0)
         self._size = 0
 
@@ -141,10 +178,7 @@ class ShardWriter:
         if tar is None:  # _next_shard always opens one; this narrows the type
             raise RuntimeError("no open shard")
         for ext, data in fields:
-            info = tarfile.TarInfo(key + (ext if ext.startswith(".") else "." + ext))
-            info.size = len(data)
-            info.mode = 0o444
-            tar.addfile(info, io.BytesIO(data))
+            tar.add(key + (ext if ext.startswith(".") else "." + ext), data)
         self.counts[-1] += 1
         self._size += size
 
@@ -156,12 +190,8 @@ class ShardWriter:
     def _close_shard(self) -> None:
         if self._tar is not None:
             self._tar.close()
-            self._file.close()
             self._tar = None
-            self._file = None
-            if self._rename is not None:
-                os.replace(*self._rename)  # atomic within a folder: a new file, not a rewrite
-                self._rename = None
+            self._series.finish()
 
     def close(self) -> None:
         """Finish the current shard."""

@@ -107,9 +107,8 @@ def collect_samples(inputs: list[str]) -> list[tuple[str, list[tuple[str, str]]]
 
 def run(args: argparse.Namespace) -> int:
     """Collect the samples and write the shards."""
-    import fsspec
-
     from shardpipes.cli.index import format_bytes
+    from shardpipes.storage.open import open_url
     from shardpipes.writer import ShardWriter
 
     samples = collect_samples(args.inputs)
@@ -121,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         for key, members in samples:
             sample: dict[str, Any] = {"__key__": key}
             for ext, url in members:
-                with fsspec.open(url, "rb") as f:
+                with open_url(url, "rb", readahead=0) as f:
                     sample[ext] = f.read()
                 total += len(sample[ext])
                 fields.add(ext)

@@ -18,8 +18,6 @@ A compressed archive (gzip, bzip2 or xz, recognised by its first bytes, as torch
 
 from __future__ import annotations
 
-import bz2
-import gzip
 import io
 import lzma
 import mmap
@@ -31,6 +29,7 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any, NamedTuple
 
 from shardpipes.errors import ShardFormatError
+from shardpipes.formats.compression import MAGIC_LENGTH, by_magic, decompress_stream
 from shardpipes.formats.stream import StreamBytes, binary_stream
 from shardpipes.formats.tarheaders import (
     BLOCK,
@@ -43,11 +42,6 @@ from shardpipes.formats.tarheaders import (
 
 __all__ = ["BLOCK", "TarEntry", "iter_tar"]
 
-_MAGIC = (
-    (b"\x1f\x8b", "gzip"),
-    (b"BZh", "bzip2"),
-    (b"\xfd7zXZ\x00", "xz"),
-)
 _DEFAULT_CHUNK = 1 << 20
 
 
@@ -106,7 +100,7 @@ def iter_tar(
         yield from _iter_tarfile(opened, url)
         return
     mapped = _map(stream) if require_end and start_offset == 0 else None
-    if mapped is not None and _compression(mapped[:6]) is not None:
+    if mapped is not None and by_magic(mapped[:MAGIC_LENGTH]) is not None:
         mapped.close()  # a compressed file: decompress it as a stream (the file is still at 0)
         mapped = None
     if mapped is None:
@@ -141,10 +135,6 @@ def _iter_tarfile(tar: tarfile.TarFile, url: str) -> Iterator[TarEntry]:
             offset=where,
             member=info.name if info is not None else None,
         ) from exc
-
-
-def _compression(head: bytes) -> str | None:
-    return next((kind for magic, kind in _MAGIC if head.startswith(magic)), None)
 
 
 class _Prefixed(io.RawIOBase):
@@ -198,15 +188,14 @@ class _Checked:
 
 def _maybe_decompressed(stream: IO[bytes], url: str) -> IO[bytes]:
     """``stream``, or a reader decompressing it when it starts as gzip, bzip2 or xz does."""
-    head = stream.read(6)
+    head = stream.read(MAGIC_LENGTH)
     if not head:
         return stream  # empty: the parser names the problem
-    kind = _compression(head)
+    kind = by_magic(head)
     if kind is None:
         return _Prefixed(head, stream)  # type: ignore[return-value]
     prefixed = io.BufferedReader(_Prefixed(head, stream), 1 << 16)
-    opener: Any = {"gzip": gzip.GzipFile, "bzip2": bz2.BZ2File, "xz": lzma.LZMAFile}[kind]
-    reader = opener(fileobj=prefixed) if kind == "gzip" else opener(prefixed)
+    reader = decompress_stream(kind, prefixed)
     return _Checked(reader, url, kind)  # type: ignore[return-value]
 
 

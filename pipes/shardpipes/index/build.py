@@ -19,13 +19,13 @@ from shardpipes.index.document import (
     ShardIndex,
     ShardInfo,
     shard_line,
-    write_bytes,
     write_descriptor,
 )
 from shardpipes.index.scan import CHUNK, scan_samples
 from shardpipes.index.sidecar import encode, read_header, sidecar_dir, sidecar_path
 from shardpipes.storage.open import filesystem, open_url
 from shardpipes.storage.urls import absolute, parent
+from shardpipes.storage.write import write_bytes
 
 __all__ = ["IndexReport", "build_index", "index_shard", "write_index"]
 

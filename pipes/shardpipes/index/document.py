@@ -32,16 +32,15 @@ import posixpath
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import fsspec
 import numpy as np
-from fsspec.implementations.local import LocalFileSystem
 
 from shardpipes.index.shard import IndexFormatError, ShardInfo, fail
 from shardpipes.index.sidecar import encode, sidecar_dir, sidecar_path
 from shardpipes.index.table import DEFAULT_CACHE_BYTES, ShardList, Table, read_table
 from shardpipes.index.v1 import validate_v1
-from shardpipes.storage.open import filesystem
+from shardpipes.storage.open import filesystem, open_text
 from shardpipes.storage.urls import SizedUrl, absolute, parent
+from shardpipes.storage.write import write_atomic, write_bytes
 
 __all__ = [
     "FORMAT",
@@ -299,13 +298,7 @@ class ShardIndex:
                 message names the file and the field.
         """
         try:
-            with fsspec.open(
-                url,
-                "rt",
-                encoding="utf-8",
-                compression=_compression(url),
-                **dict(storage_options or {}),
-            ) as f:
+            with open_text(url, storage_options, compression=_compression(url)) as f:
                 first = f.readline()
                 header = _line_header(first)
                 if header is not None and _version(header, url) == 2:
@@ -406,44 +399,13 @@ def write_descriptor(
     storage_options: Mapping[str, Any] | None = None,
 ) -> None:
     """Write a descriptor: the header, then one line per shard (atomically when local)."""
-    fs, path = filesystem(url, storage_options)
-    local = isinstance(fs, LocalFileSystem)
-    target = f"{path}.tmp-{os.getpid()}" if local else url
-    if local:
-        fs.makedirs(parent(path), exist_ok=True)
-    try:
-        with fsspec.open(
-            target,
-            "wt",
-            encoding="utf-8",
-            compression=_compression(url),
-            **dict(storage_options or {}),
-        ) as f:
-            f.write(json.dumps(dict(header), separators=(",", ":"))[:-1] + ',"shards":[\n')
-            sep = ""
-            for line in lines:
-                f.write(sep + line)
-                sep = ",\n"
-            f.write("\n]}\n")
-        if local:
-            os.replace(target, path)
-    finally:
-        if local and os.path.exists(target):
-            os.remove(target)  # only left when writing failed
-
-
-def write_bytes(url: str, data: bytes, storage_options: Mapping[str, Any] | None = None) -> None:
-    """Write one sample file (a local one atomically, folders made)."""
-    fs, path = filesystem(url, storage_options)
-    if isinstance(fs, LocalFileSystem):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-        return
-    with fsspec.open(url, "wb", **dict(storage_options or {})) as f:
-        f.write(data)
+    with write_atomic(url, storage_options, mode="wt", compression=_compression(url)) as f:
+        f.write(json.dumps(dict(header), separators=(",", ":"))[:-1] + ',"shards":[\n')
+        sep = ""
+        for line in lines:
+            f.write(sep + line)
+            sep = ",\n"
+        f.write("\n]}\n")
 
 
 def _compression(url: str) -> str | None:

@@ -29,10 +29,10 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import fsspec
 import numpy as np
 
 from shardpipes.errors import ShardpipesError
+from shardpipes.storage.open import open_url
 
 __all__ = [
     "MAGIC",
@@ -107,7 +107,7 @@ def encode(
 
 def _open(url: str, storage_options: Mapping[str, Any] | None) -> Any:
     try:
-        return fsspec.open(url, "rb", **dict(storage_options or {})).open()
+        return open_url(url, "rb", storage_options, readahead=0)
     except FileNotFoundError as exc:
         raise SidecarError(
             f"{url}: no such sample file (copy the index's .samples folder with it, or "
@@ -142,7 +142,7 @@ def read_header(
 ) -> dict[str, Any] | None:
     """The header of the sample file ``url``, or ``None`` if there is none or it is not one."""
     try:
-        with fsspec.open(url, "rb", **dict(storage_options or {})) as f:
+        with open_url(url, "rb", storage_options, readahead=0) as f:
             return _header(f, url)[0]
     except (FileNotFoundError, SidecarError):
         return None

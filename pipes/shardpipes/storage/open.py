@@ -7,7 +7,9 @@ subclasses that name the URL.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import gzip
 import io
 import json
 import os
@@ -15,17 +17,16 @@ from collections.abc import Mapping
 from typing import IO, Any, cast
 
 from fsspec import AbstractFileSystem
-from fsspec.core import url_to_fs
 
-from shardpipes.errors import ShardReadError
-from shardpipes.storage.remote import open_remote
-from shardpipes.storage.retry import (
+from shardpipes.errors import (
     ForbiddenShardError,
     MissingShardError,
     NotAFileError,
-    Redactor,
-    RetryPolicy,
+    ShardReadError,
 )
+from shardpipes.storage.remote import open_remote
+from shardpipes.storage.retry import Redactor
+from shardpipes.storage.source import ReadOptions, Source, filesystem, resolve
 from shardpipes.storage.urls import url_dir, url_join
 
 __all__ = [
@@ -34,6 +35,8 @@ __all__ = [
     "check_read_options",
     "filesystem",
     "is_local",
+    "open_source",
+    "open_text",
     "open_url",
     "read_shard_list",
     "unstrip",
@@ -96,25 +99,6 @@ if hasattr(os, "register_at_fork"):
     )
 
 
-def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
-    """Return ``(filesystem, path)`` for ``url``, with a clear error for a missing backend."""
-    try:
-        fs, path = url_to_fs(url, **dict(storage_options or {}))
-    except ImportError as exc:
-        proto = url.split("://", 1)[0] if "://" in url else "file"
-        extra = {
-            "s3": "s3",
-            "s3a": "s3",
-            "gs": "gcs",
-            "gcs": "gcs",
-            "http": "http",
-            "https": "http",
-        }
-        hint = f"pip install 'shardpipes[{extra[proto]}]'" if proto in extra else str(exc)
-        raise ImportError(f"reading {url!r} needs the {proto!r} filesystem: {hint}") from exc
-    return fs, str(path)
-
-
 def unstrip(fs: Any, path: str, like: str) -> str:
     """Give ``path`` (as returned by ``fs.ls``/``fs.glob``) the protocol prefix ``like`` had."""
     if "://" not in like:
@@ -128,16 +112,12 @@ def check_read_options(block_size: int | None, readahead: int | None) -> None:
         raise ValueError(
             f"block_size should be an integer of at least 4096 bytes or None, got {block_size!r}"
         )
-    if readahead is not None and (not isinstance(readahead, int) or not 0 <= readahead <= 64):
-        raise ValueError(f"readahead should be an integer in [0, 64], got {readahead!r}")
+    ReadOptions(readahead=readahead)
 
 
 def is_local(fs: Any, url: str) -> bool:
     """Whether ``url`` is read in-process (local disk, memory, or a chained fsspec URL)."""
-    from fsspec.implementations.local import LocalFileSystem
-    from fsspec.implementations.memory import MemoryFileSystem
-
-    return isinstance(fs, (LocalFileSystem, MemoryFileSystem)) or "::" in url
+    return not Source(url, fs, "", None).streamed
 
 
 def open_url(
@@ -146,17 +126,24 @@ def open_url(
     storage_options: Mapping[str, Any] | None = None,
     open_kwargs: Mapping[str, Any] | None = None,
     *,
-    block_size: int | None = None,
-    readahead: int | None = None,
-    retries: int = 5,
-    backoff: float = 0.5,
-    timeout: float | None = 60.0,
+    options: ReadOptions | None = None,
     queue: Any = None,
+    **read_options: Any,
 ) -> IO[Any]:
     """Open ``url`` for reading; map failures to :class:`ShardReadError` subclasses naming the URL.
 
     Local files are opened directly. Remote ones get a resumable read-ahead stream; the
     options are those of :class:`FSSpecFileOpenerIterDataPipe`.
+
+    Args:
+        url: A local path or any fsspec URL.
+        mode: ``"rb"`` (default) or ``"r"``.
+        storage_options: Passed to the fsspec filesystem.
+        open_kwargs: Passed to ``fs.open`` (local files, servers without ranges).
+        options: How to read a remote object (a :class:`ReadOptions`). Default: its defaults.
+        queue: The read-ahead queue of an opener that opens shards ahead.
+        **read_options: Fields of :class:`ReadOptions` (``block_size``, ``readahead``,
+            ``retries``, ``backoff``, ``timeout``) over ``options``.
 
     Examples:
         >>> import tempfile, os
@@ -165,18 +152,25 @@ def open_url(
         ...     f.read()
         b'hi'
     """
-    retry = RetryPolicy(retries=retries, backoff=backoff, timeout=timeout)
-    fs, path = filesystem(url, storage_options)
+    options = dataclasses.replace(options or ReadOptions(), **read_options)
+    return open_source(resolve(url, storage_options), mode, options, open_kwargs, queue=queue)
+
+
+def open_source(
+    source: Source,
+    mode: str = "rb",
+    options: ReadOptions = ReadOptions(),  # noqa: B008  # frozen: one shared default is fine
+    open_kwargs: Mapping[str, Any] | None = None,
+    *,
+    queue: Any = None,
+) -> IO[Any]:
+    """Open a resolved :class:`Source` for reading, as :func:`open_url` does for a URL."""
     kwargs = dict(open_kwargs or {})
-    if not is_local(fs, url):
+    url = source.url
+    if source.streamed:
         stream = open_remote(
-            url,
-            fs,
-            path,
-            block_size=block_size,
-            readahead=readahead,
-            retry=retry,
-            storage_options=storage_options,
+            source,
+            options=options,
             open_kwargs={k: v for k, v in kwargs.items() if k not in _TEXT_KWARGS},
             queue=queue,
             size=getattr(url, "size", None),
@@ -186,13 +180,68 @@ def open_url(
         text = {k: v for k, v in kwargs.items() if k in _TEXT_KWARGS}
         return io.TextIOWrapper(io.BufferedReader(stream, 1 << 20), **text)
     try:
-        return fs.open(path, mode, **kwargs)  # type: ignore[no-any-return]
+        return source.fs.open(source.path, mode, **kwargs)  # type: ignore[no-any-return]
     except FileNotFoundError as exc:
         raise _read_error(url, "no such file", exc, MissingShardError) from exc
     except PermissionError as exc:
         raise _read_error(url, "permission denied", exc, ForbiddenShardError) from exc
     except IsADirectoryError as exc:
         raise _read_error(url, "is a directory, not a file", exc, NotAFileError) from exc
+
+
+def open_text(
+    url: str,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    encoding: str = "utf-8",
+    compression: str | None = None,
+) -> IO[str]:
+    """Open a text file (a descriptor, an index) for reading as a stream, gzip-compressed or not.
+
+    Remote files are read sequentially with retries (no read-ahead threads); errors name the
+    URL, never credentials.
+
+    Args:
+        url: A local path or any fsspec URL.
+        storage_options: Passed to the fsspec filesystem.
+        encoding: Of the text. Default: ``"utf-8"``.
+        compression: ``"gzip"`` to decompress. Default: ``None``.
+
+    Raises:
+        MissingShardError: No such file (a ``FileNotFoundError``), and the other
+            :class:`ShardReadError` subclasses.
+
+    Examples:
+        >>> import tempfile, os
+        >>> p = os.path.join(tempfile.mkdtemp(), "a.json"); _ = open(p, "w").write("{}")
+        >>> with open_text(p) as f:
+        ...     f.read()
+        '{}'
+    """
+    if compression not in (None, "gzip"):
+        raise ValueError(f"compression {compression!r} is not supported; must be 'gzip' or None")
+    raw = open_source(resolve(url, storage_options), "rb", ReadOptions(readahead=0))
+    layers: list[Any] = [raw]
+    if isinstance(raw, io.RawIOBase):
+        layers.append(io.BufferedReader(raw, 1 << 20))  # a RemoteStream: unbuffered
+    if compression == "gzip":
+        layers.append(gzip.GzipFile(fileobj=layers[-1], mode="rb"))
+    return _TextFile(layers[-1], encoding, layers[:-1])
+
+
+class _TextFile(io.TextIOWrapper):
+    """A text stream that also closes the layers below its buffer (a GzipFile leaves its file)."""
+
+    def __init__(self, buffer: Any, encoding: str, below: list[Any]) -> None:
+        super().__init__(buffer, encoding=encoding)
+        self._below = below
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            for layer in reversed(self._below):
+                layer.close()
 
 
 _TEXT_KWARGS = frozenset({"encoding", "errors", "newline"})

@@ -12,20 +12,18 @@ import io
 from collections.abc import Mapping, Sequence
 from typing import IO, Any, cast
 
-from fsspec.implementations.local import LocalFileSystem
-
-from shardpipes.errors import ShardFormatError, ShardReadError
-from shardpipes.storage.open import filesystem
-from shardpipes.storage.remote import open_remote, with_retries
-from shardpipes.storage.retry import (
+from shardpipes.errors import (
     ForbiddenShardError,
     MissingShardError,
     NotAFileError,
-    Redactor,
-    RetryPolicy,
+    ShardFormatError,
+    ShardReadError,
 )
+from shardpipes.storage.remote import open_remote, with_retries
+from shardpipes.storage.retry import Redactor, RetryPolicy
+from shardpipes.storage.source import ReadOptions, Source, resolve
 
-__all__ = ["RangeFile", "ShardRange", "open_range"]
+__all__ = ["RangeFile", "ShardRange", "open_range", "read_range"]
 
 
 class ShardRange(str):
@@ -121,13 +119,13 @@ class _LocalSpans(io.RawIOBase):
 
 
 def _open_spans(
-    fs: Any,
-    path: str,
+    source: Source,
     spans: Sequence[tuple[int, int]],
     redactor: Redactor,
     retry: RetryPolicy,
 ) -> IO[bytes]:
-    if isinstance(fs, LocalFileSystem):
+    fs, path = source.fs, source.path
+    if source.local:
         return cast(IO[bytes], _LocalSpans(path, spans))
     groups: list[list[int]] = []  # [start, end] of each request
     for off, size in sorted(spans):
@@ -277,18 +275,44 @@ def open_range(
         ...     [e.name for e in iter_tar(f, path, require_end=False)]
         ['000000_000001.cls', '000000_000001.json', '000000_000001.bin']
     """
+    options = ReadOptions(retries=retries, backoff=backoff, timeout=timeout)
+    return read_range(
+        resolve(url, storage_options),
+        offset,
+        size,
+        options=options,
+        max_fetch=max_fetch,
+        block_size=block_size,
+        spans=spans,
+    )
+
+
+def read_range(
+    source: Source,
+    offset: int,
+    size: int,
+    *,
+    options: ReadOptions = ReadOptions(),  # noqa: B008  # frozen: one shared default is fine
+    max_fetch: int = 8 << 20,
+    block_size: int = 8 << 20,
+    spans: Sequence[tuple[int, int]] = (),
+) -> RangeFile:
+    """Open bytes ``[offset, offset + size)`` of a resolved :class:`Source`, as :func:`open_range`.
+
+    Only the retry options of ``options`` apply: a range is fetched whole, or streamed with
+    ``block_size`` requests and two blocks ahead.
+    """
     for name, value in (("offset", offset), ("size", size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} should be an int >= 0, got {value!r}")
-    fs, path = filesystem(url, storage_options)
+    url, fs, path = source.url, source.fs, source.path
     raw: IO[bytes]
-    local = isinstance(fs, LocalFileSystem)
-    retry = RetryPolicy(retries=retries, backoff=backoff, timeout=timeout)
-    redactor = Redactor(url, storage_options)
+    retry = options.retry
+    redactor = source.redactor
     try:
         if spans:
-            raw = _open_spans(fs, path, spans, redactor, retry)
-        elif local:
+            raw = _open_spans(source, spans, redactor, retry)
+        elif source.local:
             raw = open(path, "rb")  # noqa: SIM115  # closed by RangeFile.close
             raw.seek(offset)
         elif size <= max_fetch:
@@ -299,9 +323,8 @@ def open_range(
             raw = io.BytesIO(data)
         else:
             stream = open_remote(
-                url, fs, path, block_size=block_size, readahead=2, retry=retry,
-                storage_options=storage_options, start=offset,
-            )  # fmt: skip
+                source, options=ReadOptions(block_size, 2, *_retry_fields(options)), start=offset
+            )
             raw = cast(IO[bytes], stream)
     except ShardReadError:
         raise  # already names the URL (without credentials) and the offset
@@ -312,3 +335,7 @@ def open_range(
     except IsADirectoryError as exc:
         raise NotAFileError(f"{url}: is a directory, not a file", url=url, offset=offset) from exc
     return RangeFile(raw, url, offset, size)
+
+
+def _retry_fields(options: ReadOptions) -> tuple[int, float, float | None]:
+    return options.retries, options.backoff, options.timeout

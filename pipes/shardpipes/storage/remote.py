@@ -28,18 +28,21 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from shardpipes.storage.readahead import BlockQueue, Readahead, auto_block_size
-from shardpipes.storage.retry import (
+from shardpipes.errors import (
     ForbiddenShardError,
     MissingShardError,
     NotAFileError,
-    Redactor,
     RetriesExhaustedError,
+)
+from shardpipes.storage.readahead import BlockQueue, Readahead, auto_block_size
+from shardpipes.storage.retry import (
+    Redactor,
     RetryPolicy,
     ShortBody,
     classify_error,
     redact_url,
 )
+from shardpipes.storage.source import ReadOptions, Source
 
 __all__ = [
     "ForbiddenShardError",
@@ -485,20 +488,15 @@ def with_retries(
 
 
 def open_remote(
-    url: str,
-    fs: Any,
-    path: str,
+    source: Source,
     *,
-    block_size: int | None,
-    readahead: int | None,
-    retry: RetryPolicy,
-    storage_options: Mapping[str, Any] | None = None,
+    options: ReadOptions,
     open_kwargs: Mapping[str, Any] | None = None,
     queue: BlockQueue | None = None,
     size: int | None = None,
     start: int = 0,
 ) -> RemoteStream:
-    """Look ``url`` up (with retries) and return a :class:`RemoteStream` that reads it.
+    """Look ``source`` up (with retries) and return a :class:`RemoteStream` that reads it.
 
     Raises:
         MissingShardError: No such object or bucket.
@@ -507,7 +505,7 @@ def open_remote(
         RetriesExhaustedError: The look-up kept failing with transient errors.
         ShardReadError: Any other failure. Messages name the URL, never credentials.
     """
-    redactor = Redactor(url, storage_options)
+    fs, path, redactor, retry = source.fs, source.path, source.redactor, options.retry
     if size is not None and ranges_known(fs):
         info: dict[str, Any] = {"size": size}  # from a listing or an index: no look-up
     else:
@@ -517,13 +515,13 @@ def open_remote(
         raise NotAFileError(msg, url=redactor.url, offset=0, err=errno.EISDIR)
     got = info.get("size")
     return RemoteStream(
-        url,
+        source.url,
         fs,
         path,
         size=int(got) if got is not None else None,
         ranges=info.get("partial", True) is not False,
-        block_size=block_size,
-        readahead=readahead,
+        block_size=options.block_size,
+        readahead=options.readahead,
         retry=retry,
         redactor=redactor,
         open_kwargs=open_kwargs,

@@ -1,4 +1,4 @@
-"""Errors, retry policy, error classification and credential redaction for remote reads.
+"""Retry policy, error classification and credential redaction for remote reads.
 
 Used by :mod:`shardpipes.storage.remote` (the resumable stream) and by the fsspec
 stages. Backends report the same failure in different ways; :func:`classify_error` sorts them
@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from shardpipes.errors import ShardReadError
+# The read errors live in shardpipes.errors; re-exported here, where they were first defined.
+from shardpipes.errors import (
+    ForbiddenShardError,
+    MissingShardError,
+    NotAFileError,
+    RetriesExhaustedError,
+    ShardReadError,
+)
 
 __all__ = [
     "ForbiddenShardError",
@@ -35,25 +42,6 @@ Kind = Literal["missing", "forbidden", "transient", "fatal"]
 
 class ShortBody(Exception):
     """A response ended before the requested length: the connection was cut."""
-
-
-# --- errors ------------------------------------------------------------------------------------
-
-
-class MissingShardError(ShardReadError, FileNotFoundError):
-    """The URL names no file (or no bucket)."""
-
-
-class ForbiddenShardError(ShardReadError, PermissionError):
-    """Access to the URL is denied (401/403, bad or missing credentials)."""
-
-
-class NotAFileError(ShardReadError, IsADirectoryError):
-    """The URL names a directory."""
-
-
-class RetriesExhaustedError(ShardReadError):
-    """Transient errors (resets, time-outs, 5xx) went on past the configured retries."""
 
 
 # --- retry policy and error classification ------------------------------------------------------

@@ -10,10 +10,7 @@ calling it on its source's iterator.
 
 from __future__ import annotations
 
-import bz2
-import gzip
 import io
-import lzma
 import random
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -25,6 +22,7 @@ from torch.utils.data import IterDataPipe
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.datapipes.iter.base import StageIterDataPipe
 from shardpipes.errors import SampleFormatError
+from shardpipes.formats.compression import by_suffix, decompress_stream
 from shardpipes.webdataset import filters, utils
 from shardpipes.webdataset.handlers import reraise_exception
 from shardpipes.webdataset.shardlists import SPLITTERS
@@ -176,14 +174,6 @@ class _Stream(io.RawIOBase):
         super().close()
 
 
-_DECOMPRESSORS = {
-    ".gz": gzip.GzipFile,
-    ".tgz": gzip.GzipFile,
-    ".bz2": bz2.BZ2File,
-    ".xz": lzma.LZMAFile,
-}
-
-
 class Decompressed(StageIterDataPipe[Any]):
     """Decompress ``.tgz``/``.tar.gz``/``.bz2``/``.xz`` shards on the fly, as webdataset reads them."""
 
@@ -192,11 +182,9 @@ class Decompressed(StageIterDataPipe[Any]):
 
     def __iter__(self) -> Iterator[Any]:
         for url, stream in self.source_datapipe:
-            name = str(url).lower()
-            for suffix, cls in _DECOMPRESSORS.items():
-                if name.endswith(suffix):
-                    stream = _Stream(cls(fileobj=stream, mode="rb"), stream)
-                    break
+            codec = by_suffix(str(url))
+            if codec is not None:
+                stream = _Stream(decompress_stream(codec, stream), stream)
             yield url, stream
 
 

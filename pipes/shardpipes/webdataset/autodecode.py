@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import gzip
 import io
-import json
 import os
-import pickle
 import re
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
@@ -24,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from shardpipes.formats.decoders import DECODERS, PICKLE_DECODERS, decode_npy, decode_npz
+from shardpipes.formats.decoders import decoders as registry_decoders
 from shardpipes.webdataset import utils
 
 __all__ = [
@@ -129,18 +129,6 @@ def _last_ext(key: str) -> str:
     return re.sub(r".*[.]", "", key)
 
 
-def _utf8(data: bytes) -> str:
-    return data.decode("utf-8")
-
-
-def _integer(data: bytes) -> int:
-    return int(data)
-
-
-def _json(data: bytes) -> Any:
-    return json.loads(data)
-
-
 def _refuse_when_secure(what: str) -> None:
     if utils.enforce_security:
         raise ValueError(
@@ -152,15 +140,14 @@ def _refuse_when_secure(what: str) -> None:
 def unpickle_loads(data: bytes) -> Any:
     """Unpickle ``data``; refused while :data:`shardpipes.webdataset.utils.enforce_security` is set."""
     _refuse_when_secure("Unpickling")
-    return pickle.loads(data)
+    return PICKLE_DECODERS["pickle"](data)
 
 
 def torch_loads(data: bytes) -> Any:
     """``torch.load`` ``data`` on the CPU; refused while ``enforce_security`` is set."""
     _refuse_when_secure("torch.loads")
-    import torch
-
-    return torch.load(io.BytesIO(data), weights_only=pytorch_weights_only, map_location="cpu")
+    # WDS_PYTORCH_WEIGHTS_ONLY=1: tensors only, as the registry's safe "pth" decoder loads them.
+    return (DECODERS if pytorch_weights_only else PICKLE_DECODERS)["pth"](data)
 
 
 def tenbin_loads(data: bytes) -> Any:
@@ -177,14 +164,8 @@ def msgpack_loads(data: bytes) -> Any:
     return msgpack.unpackb(data)
 
 
-def npy_loads(data: bytes) -> Any:
-    """Decode a ``.npy`` array (never with pickled objects)."""
-    return np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
-
-
-def npz_loads(data: bytes) -> dict[str, Any]:
-    """Decode a ``.npz`` archive into a dict of arrays."""
-    return dict(np.load(io.BytesIO(data), allow_pickle=False))
+npy_loads = decode_npy
+npz_loads = decode_npz
 
 
 def cbor_loads(data: bytes) -> Any:
@@ -194,28 +175,18 @@ def cbor_loads(data: bytes) -> Any:
     return cbor.loads(data)
 
 
-#: The basic decoders by (last) extension, as webdataset's ``autodecode.decoders``.
+#: The basic decoders by (last) extension, as webdataset's ``autodecode.decoders``: the
+#: registry's decoders for the extensions webdataset knows, its unpickling ones behind
+#: ``enforce_security`` (read at each call), and the formats only webdataset reads.
 decoders: dict[str, Callable[[bytes], Any]] = {
-    "txt": _utf8,
-    "text": _utf8,
-    "transcript": _utf8,
-    "cls": _integer,
-    "cls2": _integer,
-    "index": _integer,
-    "inx": _integer,
-    "id": _integer,
-    "json": _json,
-    "jsn": _json,
-    "pkl": unpickle_loads,
-    "pickle": unpickle_loads,
-    "pyd": unpickle_loads,
+    **registry_decoders(
+        ("txt", "text", "transcript", "cls", "cls2", "index", "inx", "id", "json", "jsn")
+        + ("npy", "npz")
+    ),
+    **dict.fromkeys(("pkl", "pickle", "pyd"), unpickle_loads),
     "pth": torch_loads,
-    "ten": tenbin_loads,
-    "tb": tenbin_loads,
-    "mp": msgpack_loads,
-    "msg": msgpack_loads,
-    "npy": npy_loads,
-    "npz": npz_loads,
+    **dict.fromkeys(("ten", "tb"), tenbin_loads),
+    **dict.fromkeys(("mp", "msg"), msgpack_loads),
     "cbor": cbor_loads,
 }
 

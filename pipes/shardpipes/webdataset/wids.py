@@ -18,17 +18,20 @@ import posixpath
 import random
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any, cast
 
-import fsspec
 import numpy as np
 import torch.distributed as dist
 from torch.utils.data import Dataset, Sampler
 
 from shardpipes.datapipes.iter import IterableWrapper
+from shardpipes.formats.decoders import decoders
 from shardpipes.formats.tarparse import iter_tar
-from shardpipes.index import ShardIndex, ShardInfo, find_index, index_shard, open_range
+from shardpipes.index import ShardIndex, ShardInfo, find_index, index_shard
+from shardpipes.storage.open import open_text
+from shardpipes.storage.ranges import read_range
+from shardpipes.storage.source import Source, resolve
 
 __all__ = [
     "ChunkedSampler",
@@ -39,20 +42,17 @@ __all__ = [
 ]
 
 
+# The registry's decoders for the extensions wids decodes by default (never a pickle).
+_BASIC = decoders(("txt", "text", "cls", "cls2", "json", "npy"))
+
+
 def _decode_basic(key: str, value: bytes) -> Any:
     parts = key.split(".")
     ext = parts[-1].lower()
     if ext == "gz" and len(parts) >= 3:
         ext = parts[-2].lower()
-    if ext in ("txt", "text"):
-        return value.decode("utf-8")
-    if ext in ("cls", "cls2"):
-        return int(value.decode("utf-8"))
-    if ext == "json":
-        return json.loads(value)
-    if ext == "npy":
-        return np.load(io.BytesIO(value), allow_pickle=False)
-    return None
+    fn = _BASIC.get(ext)
+    return fn(value) if fn is not None else None
 
 
 _IMAGE_EXTS = ("jpg", "png", "ppm", "pgm", "pbm", "pnm")
@@ -114,10 +114,13 @@ def _urldir(url: str) -> str:
 
 
 def _load_descriptor(
-    source: Any, base: str | None, options: dict[str, Any]
+    source: Any,
+    base: str | None,
+    options: dict[str, Any],
+    storage_options: Mapping[str, Any] | None,
 ) -> tuple[dict[str, Any], str | None]:
     if isinstance(source, str):
-        with fsspec.open(source, "r") as f:
+        with open_text(source, storage_options) as f:
             spec = json.load(f)
         base = base if base is not None else _urldir(source)
     else:
@@ -125,7 +128,7 @@ def _load_descriptor(
     spec.update(options)
     if "shardlist" not in spec and "shards" in spec and isinstance(source, str):
         # A shardpipes index file: the same information, plus the sample offsets.
-        idx = ShardIndex.load(source)
+        idx = ShardIndex.load(source, storage_options=storage_options)
         spec["shardlist"] = [{"url": s.url, "nsamples": s.num_samples} for s in idx.shards]
         spec["_index"] = idx
         return spec, None
@@ -149,7 +152,8 @@ class ShardListDataset(Dataset[dict[str, Any]]):
         transformations: ``"PIL"`` (default), ``"numpy"``, a callable or a list of them.
         base: Folder or URL prefix for relative shard URLs of a descriptor.
         options: Entries overriding the descriptor's.
-        storage_options: fsspec options for the shards.
+        storage_options: fsspec options (endpoint, credentials) for the descriptor, its index
+            and the shards.
 
     Raises:
         ValueError: An empty shard list, or a shard whose sample count differs from ``nsamples``.
@@ -173,7 +177,9 @@ class ShardListDataset(Dataset[dict[str, Any]]):
     ) -> None:
         self._index: ShardIndex | None = None
         if isinstance(shards, str | io.IOBase):
-            self.spec, self.base = _load_descriptor(shards, base, dict(options or {}))
+            self.spec, self.base = _load_descriptor(
+                shards, base, dict(options or {}), storage_options
+            )
             self._index = self.spec.pop("_index", None)
             self.shards = self.spec.get("shardlist", [])
             self.dataset_name = self.spec.get("name") or str(shards)
@@ -191,7 +197,7 @@ class ShardListDataset(Dataset[dict[str, Any]]):
         self.lru_size = lru_size
         self.storage_options = storage_options
         self.transformations = _transformations(transformations)
-        self._infos: OrderedDict[str, tuple[str, ShardInfo]] = OrderedDict()
+        self._infos: OrderedDict[str, tuple[Source, ShardInfo]] = OrderedDict()
         self._sidecar: ShardIndex | bool | None = None
         self.accesses = 0
         self.misses = 0
@@ -222,7 +228,7 @@ class ShardListDataset(Dataset[dict[str, Any]]):
             )
         return self._sidecar if isinstance(self._sidecar, ShardIndex) else None
 
-    def _shard(self, url: str, expected: int) -> tuple[str, ShardInfo]:
+    def _shard(self, url: str, expected: int) -> tuple[Source, ShardInfo]:
         self.accesses += 1
         hit = self._infos.get(url)
         if hit is not None:
@@ -249,10 +255,11 @@ class ShardListDataset(Dataset[dict[str, Any]]):
             raise ValueError(
                 f"{url}: the shard has {info.num_samples} samples, the shard list says {expected}"
             )
-        self._infos[url] = (read_url, info)
+        # Resolved once per shard: every sample read of it goes to the same filesystem.
+        self._infos[url] = hit = (resolve(read_url, self.storage_options), info)
         while len(self._infos) > self.lru_size:
             self._infos.popitem(last=False)
-        return read_url, info
+        return hit
 
     def get_shard(self, index: int) -> tuple[str, int, dict[str, Any]]:
         """``(shard URL, index in the shard, shard descriptor)`` of sample ``index``."""
@@ -267,9 +274,9 @@ class ShardListDataset(Dataset[dict[str, Any]]):
         if not 0 <= index < self.total_length:
             raise IndexError(f"index {index} is outside [0, {self.total_length})")
         url, inner, desc = self.get_shard(index)
-        read_url, info = self._shard(url, int(desc["nsamples"]))
+        source, info = self._shard(url, int(desc["nsamples"]))
         offset, size = info.byte_range(inner, inner + 1)
-        stream = open_range(read_url, offset, size, self.storage_options)
+        stream = read_range(source, offset, size)
         sample: dict[str, Any] = {}
         try:
             for entry in iter_tar(

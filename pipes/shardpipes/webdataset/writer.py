@@ -21,10 +21,12 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
-import fsspec
 import numpy as np
 
-from shardpipes.writer import encode_value
+from shardpipes.formats.compression import CODECS, by_suffix
+from shardpipes.formats.tarwrite import TarMemberWriter
+from shardpipes.storage.write import write_atomic
+from shardpipes.writer import ShardSeries, encode_value
 
 logger = logging.getLogger(__name__)
 
@@ -197,40 +199,38 @@ class TarWriter:
         format: Any = None,
     ) -> None:
         self.format = getattr(tarfile, format, format) if format else tarfile.USTAR_FORMAT
-        tarmode = self.tarmode(fileobj, compress)
+        codec = self._codec(fileobj, compress)
         self.own_fileobj: Any = None
         if isinstance(fileobj, str | os.PathLike):
-            fileobj = fsspec.open(os.fspath(fileobj), "wb").open()
+            fileobj = write_atomic(os.fspath(fileobj))
             self.own_fileobj = fileobj
+            fileobj = fileobj.file
         self.encoder = make_encoder(encoder)
         self.keep_meta = keep_meta
         self.mtime = mtime
         self.stream = fileobj
-        self.tarstream = tarfile.open(fileobj=fileobj, mode=tarmode, format=self.format)  # type: ignore[call-overload]  # noqa: SIM115 - closed by close()
+        self.tarstream = TarMemberWriter(fileobj, compression=codec, format=self.format)
         self.user = user
         self.group = group
         self.mode = mode
         self.compress = compress
 
     @staticmethod
+    def _codec(fileobj: Any, compress: bool | str | None) -> str | None:
+        """The compression of :mod:`shardpipes.formats.compression` for ``compress``."""
+        if compress is False:
+            return None
+        if compress is True or compress == "gz":
+            return "gzip"
+        if compress in ("bz2", "xz"):
+            return "bzip2" if compress == "bz2" else "xz"
+        return by_suffix(fileobj) if isinstance(fileobj, str) else None
+
+    @staticmethod
     def tarmode(fileobj: Any, compress: bool | str | None = None) -> str:
         """The ``tarfile`` stream mode for ``compress`` (or the file name's suffix)."""
-        if compress is False:
-            return "w|"
-        if compress is True or compress == "gz":
-            return "w|gz"
-        if compress in ("bz2", "xz"):
-            return f"w|{compress}"
-        if isinstance(fileobj, str):
-            for suffix, m in (
-                (".gz", "w|gz"),
-                (".tgz", "w|gz"),
-                (".bz2", "w|bz2"),
-                (".xz", "w|xz"),
-            ):
-                if fileobj.endswith(suffix):
-                    return m
-        return "w|"
+        codec = TarWriter._codec(fileobj, compress)
+        return "w|" + (CODECS[codec].tar if codec is not None else "")
 
     def write(self, obj: dict[str, Any]) -> int:
         """Write one sample; return the bytes of member data written."""
@@ -247,21 +247,21 @@ class TarWriter:
                 v = v.encode("utf-8")
             if not isinstance(v, bytes | bytearray | memoryview):
                 raise ValueError(f"{k} doesn't map to a bytes after encoding ({type(v)})")
-            info = tarfile.TarInfo(f"{key}.{k}")
-            info.size = len(v)
-            info.mtime = self.mtime if self.mtime is not None else time.time()
-            info.mode = self.mode
-            info.uname = self.user
-            info.gname = self.group
-            self.tarstream.addfile(info, io.BytesIO(v))
-            total += info.size
+            total += self.tarstream.add(
+                f"{key}.{k}",
+                v,
+                mode=self.mode,
+                mtime=self.mtime if self.mtime is not None else time.time(),
+                uname=self.user,
+                gname=self.group,
+            )
         return total
 
     def close(self) -> None:
         """Finish the archive (and close the file if this writer opened it)."""
         self.tarstream.close()
         if self.own_fileobj is not None:
-            self.own_fileobj.close()
+            self.own_fileobj.close()  # put in place: a local file is renamed when complete
             self.own_fileobj = None
 
     def __enter__(self) -> TarWriter:
@@ -309,7 +309,7 @@ class ShardWriter:
         self.size = 0
         self.fname: str | None = None
         self.opener = opener
-        self._partial: tuple[str, str] | None = None
+        self._series = ShardSeries(pattern, start=start_shard, opener=opener)
         self.next_stream()
 
     def next_stream(self) -> None:
@@ -319,14 +319,13 @@ class ShardWriter:
         if self.verbose:
             logger.info("writing %s", self.fname)
         self.shard += 1
-        if self.opener is not None:
-            self.tarstream = TarWriter(self.opener(self.fname), **self.kw)
-        elif "://" not in self.fname or self.fname.startswith("file://"):
-            path = self.fname.removeprefix("file://")
-            self._partial = (f"{path}.partial", path)
-            self.tarstream = TarWriter(self._partial[0], **self.kw)
-        else:
-            self.tarstream = TarWriter(self.fname, **self.kw)
+        stream = self._series.next()
+        kw = dict(self.kw)
+        if self.opener is None and kw.get("compress") is None:
+            # A shard's compression follows its name (``.tar.gz``), as webdataset's does.
+            codec = by_suffix(self.fname)
+            kw["compress"] = CODECS[codec].tar if codec is not None else None
+        self.tarstream = TarWriter(stream, **kw)
         self.count = 0
         self.size = 0
 
@@ -343,9 +342,7 @@ class ShardWriter:
         """Finish the current shard."""
         if self.tarstream is not None:
             self.tarstream.close()
-            if self._partial is not None:
-                os.replace(*self._partial)
-                self._partial = None
+            self._series.finish()
             if callable(self.post) and self.fname is not None:
                 self.post(self.fname)
             self.tarstream = None

@@ -31,10 +31,11 @@ from shardpipes.storage.open import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_READAHEAD,
     check_read_options,
-    open_url,
+    open_source,
 )
 from shardpipes.storage.ranges import ShardRange
-from shardpipes.storage.retry import Redactor, RetryPolicy
+from shardpipes.storage.retry import Redactor
+from shardpipes.storage.source import ReadOptions, resolve
 
 __all__ = ["OnDiskCacheHolderIterDataPipe", "cache_entry_name", "evict"]
 
@@ -108,17 +109,14 @@ class OnDiskCacheHolderIterDataPipe(StageIterDataPipe[str]):
         self.cache_dir = os.fspath(cache_dir)
         self.max_bytes = max_bytes
         self.storage_options = dict(storage_options or {})
-        RetryPolicy(retries=retries, backoff=backoff, timeout=timeout)  # validates
+        self.options = ReadOptions(block_size, None, retries, backoff, timeout)  # validates
         self.block_size = block_size
-        self.retries = retries
-        self.backoff = backoff
-        self.timeout = timeout
 
     def __iter__(self) -> Iterator[str]:
         os.makedirs(self.cache_dir, exist_ok=True)
         for url in self.source_datapipe:
             if "://" not in url:
-                yield url  # already local
+                yield url  # a plain path: already local (a file:// URL is copied)
                 continue
             path, fd = self._acquire(str(url))  # the whole shard, whatever part is read
             try:
@@ -167,15 +165,7 @@ class OnDiskCacheHolderIterDataPipe(StageIterDataPipe[str]):
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.cache_dir)
         try:
             with contextlib.closing(
-                open_url(
-                    url,
-                    "rb",
-                    self.storage_options,
-                    block_size=self.block_size,
-                    retries=self.retries,
-                    backoff=self.backoff,
-                    timeout=self.timeout,
-                )
+                open_source(resolve(url, self.storage_options), "rb", self.options)
             ) as src:
                 while block := src.read(self.block_size):
                     self._write_all(fd, block, url)

@@ -3,75 +3,19 @@
 from __future__ import annotations
 
 import io
-import json
-import json.scanner
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 from shardpipes.datapipes.iter.base import StageIterDataPipe, check_picklable_fn, register
 from shardpipes.errors import DecodeError
+from shardpipes.formats.decoders import DECODERS, lookup
+from shardpipes.formats.decoders import decoders as decoder_table
 from shardpipes.handlers import HandlerLike, SkipStats, resolve_handler
 
 __all__ = ["DEFAULT_DECODERS", "IMAGE_EXTENSIONS", "DecoderIterDataPipe"]
 
 Sample = dict[str, Any]
 ImageMode = Literal["pil", "numpy", "torch"]
-
-
-def _int(data: bytes) -> int:
-    return int(data)
-
-
-def _text(data: bytes) -> str:
-    return data.decode("utf-8")
-
-
-_scan_json = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]  # typeshed has it wrong
-
-
-def _json(data: bytes) -> Any:
-    # json.loads(bytes) spends more time guessing the encoding and wrapping its C scanner than
-    # scanning a small document; go to the scanner directly for the usual case (UTF-8, no
-    # leading space), and leave everything else, errors included, to json.loads.
-    try:
-        text = data.decode("utf-8")
-        value, end = _scan_json(text, 0)
-    except (StopIteration, UnicodeDecodeError, ValueError):
-        return json.loads(data)
-    if end != len(text) and text[end:].strip(" \t\n\r"):
-        return json.loads(data)  # extra data: json.loads raises the error
-    return value
-
-
-def _npy(data: bytes) -> Any:
-    import numpy as np
-
-    return np.load(io.BytesIO(data), allow_pickle=False)
-
-
-def _npz(data: bytes) -> Any:
-    import numpy as np
-
-    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-        return {k: npz[k] for k in npz.files}
-
-
-def _torch_weights(data: bytes) -> Any:
-    import torch
-
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-
-
-def _torch_pickle(data: bytes) -> Any:
-    import torch
-
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
-
-
-def _pickle(data: bytes) -> Any:
-    import pickle
-
-    return pickle.loads(data)
 
 
 class _Image:
@@ -118,16 +62,10 @@ IMAGE_EXTENSIONS = (
     "tiff",
 )
 
-#: Decoders by the last component of the extension. ``pt``/``pth`` load tensors with
-#: ``weights_only=True``; pickles are not decoded unless ``allow_pickle=True``.
-DEFAULT_DECODERS: dict[str, Callable[[bytes], Any]] = {
-    **dict.fromkeys(("cls", "cls2", "class", "count", "index", "inx", "id"), _int),
-    **dict.fromkeys(("txt", "text", "transcript"), _text),
-    **dict.fromkeys(("json", "jsn"), _json),
-    "npy": _npy,
-    "npz": _npz,
-    **dict.fromkeys(("pt", "pth"), _torch_weights),
-}
+#: Decoders by the last component of the extension (the registry of
+#: :mod:`shardpipes.formats.decoders`). ``pt``/``pth`` load tensors with ``weights_only=True``;
+#: pickles are not decoded unless ``allow_pickle=True``.
+DEFAULT_DECODERS: dict[str, Callable[[bytes], Any]] = DECODERS
 
 
 @register("decode")
@@ -147,7 +85,7 @@ class DecoderIterDataPipe(StageIterDataPipe[Sample]):
         decoders: Extra or replacement decoders by extension (``"seg"`` or ``".seg"``), each
             a module-level function ``bytes -> value``. A dotted extension (``"seg.png"``)
             applies to that field only, ahead of the decoder of its last part.
-        allow_pickle: Decode ``pickle``/``pyd`` fields and ``pt`` files with full pickles.
+        allow_pickle: Decode ``pickle``/``pyd``/``pkl`` fields and ``pt`` files with full pickles.
             Only for data you trust. Default: ``False``.
         handler: What to do when a field cannot be decoded: ``"raise"`` (default),
             ``"warn_and_skip"``, ``"skip"`` (drop the sample), ``"stop"``, or a callable.
@@ -180,13 +118,9 @@ class DecoderIterDataPipe(StageIterDataPipe[Sample]):
             raise ValueError(
                 f"image {image!r} is not known; must be one of 'pil', 'numpy', 'torch', None"
             )
-        table = dict(DEFAULT_DECODERS)
+        table = decoder_table(allow_pickle=allow_pickle)
         if image is not None:
             table.update(dict.fromkeys(IMAGE_EXTENSIONS, _Image(image)))
-        if allow_pickle:
-            table.update(
-                {"pickle": _pickle, "pyd": _pickle, "pt": _torch_pickle, "pth": _torch_pickle}
-            )
         for ext, fn in (decoders or {}).items():
             check_picklable_fn(fn, f"decoder for {ext!r}")
             table[ext.lstrip(".")] = fn  # "seg.png" must not replace every "png" decoder
@@ -209,7 +143,7 @@ class DecoderIterDataPipe(StageIterDataPipe[Sample]):
                 for name, value in sample.items():
                     fn = chosen.get(name, _UNSEEN)
                     if fn is _UNSEEN:
-                        fn = None if name.startswith("__") else _lookup(table, name)
+                        fn = None if name.startswith("__") else lookup(table, name)
                         chosen[name] = fn
                     if fn is not None and isinstance(value, _RAW):
                         try:
@@ -225,13 +159,6 @@ class DecoderIterDataPipe(StageIterDataPipe[Sample]):
 
 _UNSEEN: Any = object()
 _RAW = (bytes, bytearray, memoryview)
-
-
-def _lookup(
-    table: Mapping[str, Callable[[bytes], Any]], field: str
-) -> Callable[[bytes], Any] | None:
-    """The decoder of ``field`` (``".seg.png"``): by its whole extension, else by its last part."""
-    return table.get(field.lstrip("."), table.get(field.rsplit(".", 1)[-1]))
 
 
 def _decode_error(sample: Sample, field: str, exc: Exception) -> DecodeError:

@@ -12,7 +12,13 @@ from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.utils.common import StreamWrapper
 
 from shardpipes.datapipes.iter.base import StageIterDataPipe, register
-from shardpipes.errors import ShardReadError
+from shardpipes.errors import (
+    ForbiddenShardError,
+    MissingShardError,
+    NotAFileError,
+    RetriesExhaustedError,
+    ShardReadError,
+)
 from shardpipes.handlers import HandlerLike, SkipStats, resolve_handler
 from shardpipes.storage.open import (
     DEFAULT_BLOCK_SIZE,
@@ -20,21 +26,15 @@ from shardpipes.storage.open import (
     check_read_options,
     filesystem,
     is_local,
+    open_source,
     open_url,
     read_shard_list,
     unstrip,
 )
-from shardpipes.storage.ranges import ShardRange, open_range
+from shardpipes.storage.ranges import ShardRange, read_range
 from shardpipes.storage.readahead import Readahead, iter_opened
-from shardpipes.storage.retry import (
-    ForbiddenShardError,
-    MissingShardError,
-    NotAFileError,
-    Redactor,
-    RetriesExhaustedError,
-    RetryPolicy,
-    classify_error,
-)
+from shardpipes.storage.retry import Redactor, RetryPolicy, classify_error
+from shardpipes.storage.source import ReadOptions, Source, resolve
 
 # The storage functions below are re-exported: user code and the docs import them from here.
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "ForbiddenShardError",
     "MissingShardError",
     "NotAFileError",
+    "ReadOptions",
     "RetriesExhaustedError",
     "RetryPolicy",
     "filesystem",
@@ -245,68 +246,51 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
         if mode not in ("rb", "r"):
             raise ValueError(f"mode {mode!r} is not supported; must be one of 'rb', 'r'")
         check_read_options(block_size, readahead)
+        self.options = ReadOptions(block_size, readahead, retries, backoff, timeout)  # validates
         self.handler = resolve_handler(handler)
         self.skipped = SkipStats()
         self.source_datapipe = source_datapipe
         self.mode = mode
         self.storage_options = {**(storage_options or {}), **kwargs}
         self.open_kwargs = {**(open_kwargs or {}), **(kwargs_for_open or {})}
-        RetryPolicy(retries=retries, backoff=backoff, timeout=timeout)  # validates
-        self.block_size = block_size
-        self.readahead = readahead
-        self.retries = retries
-        self.backoff = backoff
-        self.timeout = timeout
 
-    def _open(self, url: str, queue: Any = None) -> IO[Any]:
+    def _resolve(self, url: Any) -> tuple[Any, Source | None]:
+        """``(url, its Source)``, resolved once per URL.
+
+        ``None`` for a byte range or a failure (which ``_open`` raises again, in order).
+        """
+        if isinstance(url, ShardRange) or not isinstance(url, str):
+            return url, None
+        try:
+            return url, resolve(url, self.storage_options)
+        except Exception:
+            return url, None
+
+    def _open(self, item: tuple[Any, Source | None], queue: Any = None) -> IO[Any]:
+        url, source = item
         if isinstance(url, ShardRange):  # a sample range from sharding_by_index: one read
+            source = resolve(str(url), self.storage_options)
             return cast(
                 IO[Any],
-                open_range(
-                    str(url),
-                    url.offset,
-                    url.size,
-                    self.storage_options,
-                    spans=url.spans,
-                    retries=self.retries,
-                    backoff=self.backoff,
-                    timeout=self.timeout,
-                ),
+                read_range(source, url.offset, url.size, options=self.options, spans=url.spans),
             )
-        return open_url(
-            url,
-            self.mode,
-            self.storage_options,
-            self.open_kwargs,
-            block_size=self.block_size,
-            readahead=self.readahead,
-            retries=self.retries,
-            backoff=self.backoff,
-            timeout=self.timeout,
-            queue=queue,
-        )
-
-    def _remote(self, url: str) -> bool:
-        """Whether ``url`` is read through a remote stream (and so may be opened ahead)."""
-        if isinstance(url, ShardRange) or not isinstance(url, str):
-            return False
-        try:
-            fs, _ = filesystem(url, self.storage_options)
-        except Exception:  # raised again, in order, when the URL is opened
-            return False
-        return not is_local(fs, url)
+        if source is None:
+            source = resolve(url, self.storage_options)
+        return open_source(source, self.mode, self.options, self.open_kwargs, queue=queue)
 
     def __iter__(self) -> Iterator[tuple[str, IO[Any]]]:
         policy = self.handler
+        items = map(self._resolve, self.source_datapipe)
         opened: Iterator[tuple[Any, Any, Any]]
-        if self.readahead == 0:
-            opened = ((url, None, None) for url in self.source_datapipe)
+        if self.options.readahead == 0:
+            opened = ((item, None, None) for item in items)
         else:  # the next remote shards are opened, and their first blocks fetched, ahead
-            pool = Readahead.for_options(self.readahead)
-            opened = iter_opened(iter(self.source_datapipe), self._open, self._remote, pool)
-        for url, future, _ in opened:
+            pool = Readahead.for_options(self.options.readahead)
+            opened = iter_opened(items, self._open, _streamed, pool)
+        for item, future, _ in opened:
+            url = item[0]
             try:
-                opened_stream = self._open(url) if future is None else future.result()
+                opened_stream = self._open(item) if future is None else future.result()
                 stream = cast(IO[Any], OpenedFile(opened_stream, name=str(url)))
             except ShardReadError as exc:
                 if policy.raises:
@@ -324,6 +308,11 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
                 "its handler may skip URLs"
             )
         return len(cast(Any, self.source_datapipe))
+
+
+def _streamed(item: tuple[Any, Source | None]) -> bool:
+    """Whether an item is read through a remote stream (and so may be opened ahead)."""
+    return item[1] is not None and item[1].streamed
 
 
 @register("save_by_fsspec")

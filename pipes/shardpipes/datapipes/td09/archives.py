@@ -8,15 +8,12 @@ read.
 
 from __future__ import annotations
 
-import bz2
-import gzip
-import lzma
 import os
 import pathlib
 import tarfile
 import warnings
 import zipfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from enum import Enum
 from typing import IO, Any
 
@@ -24,6 +21,7 @@ from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.utils.common import StreamWrapper, validate_pathname_binary_tuple
 
 from shardpipes.datapipes.iter.base import StageIterDataPipe, register
+from shardpipes.formats.compression import decompress_stream
 from shardpipes.formats.stream import binary_stream
 
 __all__ = [
@@ -93,7 +91,7 @@ def _drop_suffix(path: str, suffix: str) -> str:
 
 
 def _decompressed(
-    pairs: Iterable[tuple[str, Any]], suffix: str, opener: Callable[..., Any], what: str
+    pairs: Iterable[tuple[str, Any]], suffix: str, codec: str, what: str
 ) -> Iterator[tuple[str, Any]]:
     """``(path without suffix, decompressing stream)`` for each ``(path, stream)`` pair."""
     for pair in pairs:
@@ -102,7 +100,9 @@ def _decompressed(
         try:
             yield (
                 _drop_suffix(path, suffix),
-                StreamWrapper(opener(binary_stream(stream), mode="rb"), _parent(stream), name=path),
+                StreamWrapper(
+                    decompress_stream(codec, binary_stream(stream)), _parent(stream), name=path
+                ),
             )
         except Exception as exc:
             warnings.warn(
@@ -124,7 +124,7 @@ class XzFileLoaderIterDataPipe(_NominalLength):
     """
 
     def __iter__(self) -> Iterator[tuple[str, Any]]:
-        return _decompressed(self.datapipe, ".xz", lzma.open, "xz/lzma")
+        return _decompressed(self.datapipe, ".xz", "xz", "xz/lzma")
 
 
 @register("load_from_bz2")
@@ -137,7 +137,7 @@ class Bz2FileLoaderIterDataPipe(_NominalLength):
     """
 
     def __iter__(self) -> Iterator[tuple[str, Any]]:
-        return _decompressed(self.datapipe, ".bz2", bz2.open, "bzip2")
+        return _decompressed(self.datapipe, ".bz2", "bzip2", "bzip2")
 
 
 class CompressionType(Enum):
@@ -150,16 +150,15 @@ class CompressionType(Enum):
     BZIP2 = "bz2"
 
 
+_CODEC = {CompressionType.GZIP: "gzip", CompressionType.LZMA: "xz", CompressionType.BZIP2: "bzip2"}
+
+
 def _open_compressed(kind: CompressionType, file: IO[bytes]) -> Any:
-    if kind is CompressionType.GZIP:
-        return gzip.GzipFile(fileobj=file)
-    if kind is CompressionType.LZMA:
-        return lzma.LZMAFile(file)
     if kind is CompressionType.TAR:
         return tarfile.open(fileobj=file, mode="r:*")
     if kind is CompressionType.ZIP:
         return zipfile.ZipFile(file=file)
-    return bz2.BZ2File(filename=file)
+    return decompress_stream(_CODEC[kind], file)
 
 
 _BY_SUFFIX = {

@@ -22,7 +22,6 @@ How the graph is cut (0.9's protocol, on-disk names kept so 0.9 caches are reuse
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import time
 import uuid
@@ -36,6 +35,7 @@ from torch.utils.data.graph import traverse_dps
 
 from shardpipes.datapipes.iter import cache
 from shardpipes.datapipes.iter.base import register, widen
+from shardpipes.formats.hashes import check_hash_type, file_digest
 
 __all__ = [
     "EndOnDiskCacheHolderIterDataPipe",
@@ -45,7 +45,6 @@ __all__ = [
 ]
 
 _TODO, _CACHED, _CACHED_LIST = 0, 1, 2
-_HASHES = ("sha256", "md5")
 
 
 def _promise(path: str, cache_uuid: Any) -> str:
@@ -59,11 +58,7 @@ def _list_file(path: str) -> str:
 def _hash_ok(path: str, hash_dict: dict[str, str], hash_type: str) -> bool:
     if path not in hash_dict:
         return False
-    digest = hashlib.new(hash_type)
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest() == hash_dict[path]
+    return file_digest(path, hash_type) == hash_dict[path]
 
 
 def _classify(
@@ -154,8 +149,8 @@ class TorchdataCacheHolder(IterDataPipe[Any]):
     ) -> None:
         if filepath_fn is not None:
             _check_unpickable_fn(filepath_fn)
-        if hash_dict is not None and hash_type not in _HASHES:
-            raise ValueError(f"Invalid hash_type requested, should be one of {_HASHES}")
+        if hash_dict is not None:
+            check_hash_type(hash_type)
         self.source_datapipe = source_datapipe
         self.filepath_fn = filepath_fn
         self.hash_dict = hash_dict

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -18,6 +17,7 @@ from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.utils.common import StreamWrapper, _check_unpickable_fn
 
 from shardpipes.datapipes.iter.base import StageIterDataPipe, register
+from shardpipes.formats.hashes import check_hash_type, digest_of
 
 __all__ = [
     "CSVDictParserIterDataPipe",
@@ -263,9 +263,6 @@ class ParagraphAggregatorIterDataPipe(IterDataPipe[tuple[str, str]]):
             yield prev, self.joiner(buffer)  # type: ignore[misc]
 
 
-_HASHES = ("sha256", "md5")
-
-
 @register("check_hash")
 class HashCheckerIterDataPipe(StageIterDataPipe[tuple[str, Any]]):
     """Check each ``(path, data)`` against the expected hash of ``path`` and pass it on (functional name: ``check_hash``).
@@ -287,8 +284,7 @@ class HashCheckerIterDataPipe(StageIterDataPipe[tuple[str, Any]]):
         hash_type: str = "sha256",
         rewind: bool = True,
     ) -> None:
-        if hash_type not in _HASHES:
-            raise ValueError(f"Invalid hash_type requested, should be one of {list(_HASHES)}")
+        check_hash_type(hash_type)
         self.source_datapipe = source_datapipe
         self.hash_dict = hash_dict
         self.hash_type = hash_type
@@ -296,19 +292,14 @@ class HashCheckerIterDataPipe(StageIterDataPipe[tuple[str, Any]]):
 
     def __iter__(self) -> Iterator[tuple[str, Any]]:
         for path, data in self.source_datapipe:
-            digest = hashlib.new(self.hash_type)
-            if isinstance(data, (str, bytes, bytearray)):
-                digest.update(data.encode() if isinstance(data, str) else data)
-            else:
-                for chunk in data:
-                    digest.update(chunk)
-                if self.rewind:
-                    data.seek(0)
+            digest = digest_of(data, self.hash_type)
+            if self.rewind and not isinstance(data, (str, bytes, bytearray)):
+                data.seek(0)
             if path not in self.hash_dict:
                 raise RuntimeError(f"Unspecified hash for file {path}")
-            if digest.hexdigest() != self.hash_dict[path]:
+            if digest != self.hash_dict[path]:
                 raise RuntimeError(
-                    f"The computed hash {digest.hexdigest()} of {path} does not match the expected"
+                    f"The computed hash {digest} of {path} does not match the expected"
                     f"hash {self.hash_dict[path]}. Delete the file manually and retry."
                 )
             yield path, (data if isinstance(data, (str, bytes, bytearray)) else StreamWrapper(data))

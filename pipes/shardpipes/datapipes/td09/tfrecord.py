@@ -1,15 +1,14 @@
-"""torchdata 0.9's ``load_from_tfrecord``, with its own reader of the ``Example`` wire format.
+"""torchdata 0.9's ``load_from_tfrecord`` over :mod:`shardpipes.formats.tfrecord`.
 
-0.9 needed ``protobuf<3.20`` for a generated module; the few messages of ``tf.train.Example`` and
-``tf.train.SequenceExample`` are decoded here directly from the protobuf wire format, so no
-protobuf package is needed. Values are 0.9's: ``bytes_list`` -> list of ``bytes``,
+0.9 needed ``protobuf<3.20`` for a generated module; the records are decoded by
+:mod:`shardpipes.formats.tfrecord` from the protobuf wire format, so no protobuf package is
+needed. Values are 0.9's: ``bytes_list`` -> list of ``bytes``,
 ``float_list`` -> float32 tensor, ``int64_list`` -> int64 tensor; ``spec`` reshapes and casts.
 """
 
 from __future__ import annotations
 
 import math
-import struct
 import warnings
 from collections.abc import Iterable, Iterator
 from typing import IO, Any, NamedTuple, cast
@@ -19,6 +18,7 @@ from torch.utils.data.datapipes.utils.common import validate_pathname_binary_tup
 
 from shardpipes.datapipes.iter.base import StageIterDataPipe, register
 from shardpipes.formats.stream import binary_stream
+from shardpipes.formats.tfrecord import iter_records, parse_record
 
 __all__ = [
     "SequenceExampleSpec",
@@ -37,85 +37,6 @@ class SequenceExampleSpec(NamedTuple):
 
     context: TFRecordExampleSpec
     feature_lists: TFRecordExampleSpec
-
-
-def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise RuntimeError("Invalid tfrecord record: truncated varint")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-
-
-def _fields(buf: memoryview) -> Iterator[tuple[int, int, Any]]:
-    """Yield ``(field number, wire type, value)``: an int for varints, a memoryview otherwise."""
-    pos = 0
-    value: Any
-    while pos < len(buf):
-        key, pos = _varint(buf, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _varint(buf, pos)
-        elif wire == 1:
-            value, pos = buf[pos : pos + 8], pos + 8
-        elif wire == 2:
-            size, pos = _varint(buf, pos)
-            value, pos = buf[pos : pos + size], pos + size
-        elif wire == 5:
-            value, pos = buf[pos : pos + 4], pos + 4
-        else:
-            raise RuntimeError(f"Invalid tfrecord record: unsupported wire type {wire}")
-        yield number, wire, value
-
-
-def _signed64(v: int) -> int:
-    return v - (1 << 64) if v >= 1 << 63 else v
-
-
-def _feature(buf: memoryview) -> Any:
-    """Decode a ``Feature``: bytes_list (1), float_list (2) or int64_list (3)."""
-    for number, _, body in _fields(buf):
-        if number == 1:
-            return [bytes(v) for n, _, v in _fields(body) if n == 1]
-        if number == 2:
-            floats: list[float] = []
-            for n, wire, v in _fields(body):
-                if n == 1 and wire == 2:
-                    floats.extend(struct.unpack(f"<{len(v) // 4}f", v))
-                elif n == 1:
-                    floats.append(struct.unpack("<f", v)[0])
-            return torch.tensor(floats, dtype=torch.float32)
-        if number == 3:
-            ints: list[int] = []
-            for n, wire, v in _fields(body):
-                if n == 1 and wire == 2:
-                    pos = 0
-                    while pos < len(v):
-                        x, pos = _varint(v, pos)
-                        ints.append(_signed64(x))
-                elif n == 1:
-                    ints.append(_signed64(v))
-            return torch.tensor(ints, dtype=torch.int64)
-    return []
-
-
-def _map_entries(buf: memoryview) -> Iterator[tuple[str, memoryview]]:
-    """Entries of a ``map<string, message>`` field's body list: (key, value message)."""
-    for number, _, entry in _fields(buf):
-        if number != 1:
-            continue
-        key, value = "", memoryview(b"")
-        for n, _, v in _fields(entry):
-            if n == 1:
-                key = bytes(v).decode()
-            elif n == 2:
-                value = v
-        yield key, value
 
 
 def _reshape_list(value: Any, shape: Any) -> Any:
@@ -158,17 +79,16 @@ def _apply_spec(value: Any, spec: Any) -> Any:
     return value if shape is None else _reshape_list(value, shape)
 
 
+def _tensor(feature: Any) -> Any:
+    """0.9's value of a feature: ``bytes_list`` as a list, numbers as a tensor."""
+    return feature if isinstance(feature, list) else torch.from_numpy(feature)
+
+
 def _parse_record(record: memoryview, spec: Any) -> TFRecordExample:
     """Decode a record as a ``SequenceExample`` (an ``Example`` is its context alone)."""
-    context: dict[str, Any] = {}
-    lists: dict[str, list[Any]] = {}
-    for number, _, body in _fields(record):
-        if number == 1:  # Features context / Example.features
-            for key, feature in _map_entries(body):
-                context[key] = _feature(feature)
-        elif number == 2:  # FeatureLists
-            for key, feature_list in _map_entries(body):
-                lists[key] = [_feature(f) for n, _, f in _fields(feature_list) if n == 1]
+    raw_context, raw_lists = parse_record(record)
+    context = {k: _tensor(v) for k, v in raw_context.items()}
+    lists = {k: [_tensor(v) for v in vs] for k, vs in raw_lists.items()}
     result: TFRecordExample = {}
     for key, value in context.items():
         if spec is None or key in spec:
@@ -191,25 +111,6 @@ def _parse_record(record: memoryview, spec: Any) -> TFRecordExample:
             f"Example is missing some required keys: {sorted(result)} != {sorted(spec)}"
         )
     return result
-
-
-def _records(stream: IO[bytes]) -> Iterator[memoryview]:
-    """Records of a TFRecord file: length (8 bytes), CRC, data, CRC."""
-    while True:
-        header = stream.read(8)
-        if not header:
-            return
-        if len(header) != 8:
-            raise RuntimeError("Invalid tfrecord file: failed to read the record size.")
-        if len(stream.read(4)) != 4:
-            raise RuntimeError("Invalid tfrecord file: failed to read the start token.")
-        (length,) = struct.unpack("<Q", header)
-        data = stream.read(length)
-        if len(data) != length:
-            raise RuntimeError("Invalid tfrecord file: failed to read the record.")
-        if len(stream.read(4)) != 4:
-            raise RuntimeError("Invalid tfrecord file: failed to read the end token.")
-        yield memoryview(data)
 
 
 @register("load_from_tfrecord")
@@ -241,7 +142,7 @@ class TFRecordLoaderIterDataPipe(StageIterDataPipe[TFRecordExample]):
             validate_pathname_binary_tuple(cast(Any, pair))
             path, stream = pair
             try:
-                for record in _records(binary_stream(stream)):
+                for record in iter_records(binary_stream(stream)):
                     yield _parse_record(record, self.spec)
             except RuntimeError as exc:
                 warnings.warn(
