@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from shardpipes.datapipes.iter._base import StageIterDataPipe, check_picklable_fn, register
 from shardpipes.errors import DecodeError
+from shardpipes.formats.stream import StreamBytes
 from shardpipes.handlers import HandlerLike, SkipStats, resolve_handler
 
 __all__ = ["DEFAULT_DECODERS", "IMAGE_EXTENSIONS", "DecoderIterDataPipe"]
@@ -210,6 +211,8 @@ class DecoderIterDataPipe(StageIterDataPipe[Sample]):
                         fn = None if name.startswith("__") else _lookup(table, name)
                         chosen[name] = fn
                     if fn is not None and isinstance(value, _RAW):
+                        if isinstance(value, StreamBytes):
+                            value = value.getvalue()  # the data itself: no copy
                         try:
                             out[name] = fn(value)
                         except Exception as exc:
@@ -222,7 +225,7 @@ class DecoderIterDataPipe(StageIterDataPipe[Sample]):
 
 
 _UNSEEN: Any = object()
-_RAW = (bytes, bytearray, memoryview)
+_RAW = (bytes, bytearray, memoryview, StreamBytes)
 
 
 def _lookup(
