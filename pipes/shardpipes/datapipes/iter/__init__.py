@@ -168,15 +168,11 @@ from shardpipes.datapipes.iter.compat_unavailable import (
     HuggingFaceHubReaderIterDataPipe as HuggingFaceHubReader,
 )
 from shardpipes.datapipes.iter.compat_unavailable import (
-    IoPathFileListerIterDataPipe as IoPathFileLister,
-)
-from shardpipes.datapipes.iter.compat_unavailable import (
-    IoPathFileOpenerIterDataPipe as IoPathFileOpener,
-)
-from shardpipes.datapipes.iter.compat_unavailable import IoPathSaverIterDataPipe as IoPathSaver
-from shardpipes.datapipes.iter.compat_unavailable import (
     ParquetDFLoaderIterDataPipe as ParquetDataFrameLoader,
 )
+from shardpipes.datapipes.iter.iopath import IoPathFileListerIterDataPipe as IoPathFileLister
+from shardpipes.datapipes.iter.iopath import IoPathFileOpenerIterDataPipe as IoPathFileOpener
+from shardpipes.datapipes.iter.iopath import IoPathSaverIterDataPipe as IoPathSaver
 from shardpipes.datapipes.map.converter import MapToIterConverterIterDataPipe as MapToIterConverter
 
 __all__ += [
