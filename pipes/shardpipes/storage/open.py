@@ -18,6 +18,7 @@ from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
 
 from shardpipes.errors import ShardReadError
+from shardpipes.storage.pipeurl import open_command, resolve_pipe_url
 from shardpipes.storage.remote import open_remote
 from shardpipes.storage.retry import (
     ForbiddenShardError,
@@ -165,6 +166,14 @@ def open_url(
         ...     f.read()
         b'hi'
     """
+    if isinstance(url, str) and url.startswith("pipe:"):  # webdataset's pipe: URLs
+        source = resolve_pipe_url(url)
+        if source.command is not None:
+            return open_command(url, source.command, mode)
+        url, storage_options = (
+            cast(str, source.url),
+            {**source.storage_options, **(storage_options or {})},
+        )
     retry = RetryPolicy(retries=retries, backoff=backoff, timeout=timeout)
     fs, path = filesystem(url, storage_options)
     kwargs = dict(open_kwargs or {})
