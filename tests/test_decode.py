@@ -14,6 +14,7 @@ from PIL import Image
 
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.errors import DecodeError, SkippedInputWarning
+from shardpipes.formats.stream import StreamBytes
 from shardpipes.writer import ShardWriter
 
 URL = "/data/train-000000.tar"
@@ -96,7 +97,9 @@ def test_synthetic_shards_decode(shard_dir):
     )
     got = list(dp.webdataset().decode())
     assert [s[".json"]["index"] for s in got] == list(range(11))
-    assert all(s[".cls"] == s[".json"]["id"] % 10 and isinstance(s[".bin"], bytes) for s in got)
+    assert all(
+        s[".cls"] == s[".json"]["id"] % 10 and isinstance(s[".bin"], StreamBytes) for s in got
+    )
 
 
 # --- images --------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from _tars import (
 )
 from shardpipes.datapipes.iter import IterableWrapper, TarArchiveLoader
 from shardpipes.errors import ShardFormatError, ShardReadError, SkippedInputWarning
+from shardpipes.formats.stream import StreamBytes
 from shardpipes.formats.tarparse import iter_tar
 
 FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
@@ -539,7 +540,7 @@ def test_large_members_read_back_on_both_paths(tmp_path, path_kind):
         got = list(iter_tar(f, path, chunk_size=4096))
     assert [(e.name, e.data) for e in got] == members
     assert all(
-        isinstance(e.data, bytes) and e.data.read() == d
+        isinstance(e.data, StreamBytes) and e.data.read() == d
         for e, (_, d) in zip(got, members, strict=True)
     )
     ref = tarfile_members(tar_bytes(members))

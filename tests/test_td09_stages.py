@@ -16,7 +16,6 @@ from shardpipes.datapipes.iter import (
     AISFileLister,
     DataFrameMaker,
     HuggingFaceHubReader,
-    IoPathFileOpener,
     IterableWrapper,
     IterKeyZipper,
     RarArchiveLoader,
@@ -144,10 +143,9 @@ def test_tfrecord_reads_an_example_without_protobuf():
     [
         (lambda: AISFileLister(IterableWrapper([]), url="http://ais"), "S3-compatible"),
         (lambda: HuggingFaceHubReader("squad"), "load_dataset"),
-        (lambda: IoPathFileOpener(IterableWrapper([])), "FSSpecFileOpener"),
         (lambda: DataFrameMaker(IterableWrapper([])), "torcharrow"),
     ],
-    ids=["ais", "huggingface", "iopath", "dataframe"],
+    ids=["ais", "huggingface", "dataframe"],
 )
 def test_unavailable_readers_fail_at_construction_with_the_alternative(build, match):
     with pytest.raises(ModuleNotFoundError, match=match):

@@ -40,6 +40,27 @@ def _module_file(files: set[str], module: str) -> str:
     return f"{base}/__init__.py" if f"{base}/__init__.py" in files else f"{base}.py"
 
 
+#: The trees whose every module must import at its path under shardpipes (issue 26, item 2).
+TREES = ("torchdata/datapipes/", "torchdata/dataloader2/")
+
+
+def _tree_names(tree: ast.Module) -> list[str]:
+    """A module's public names: its ``__all__`` if it has one, else what it defines at top level."""
+    defined: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            getattr(t, "id", "") == "__all__" for t in node.targets
+        ):
+            return sorted(ast.literal_eval(e) for e in node.value.elts)  # type: ignore[attr-defined]
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+            defined.append(node.name)
+        elif isinstance(node, ast.Assign):
+            defined.extend(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            defined.append(node.target.id)
+    return sorted({n for n in defined if not n.startswith("_")})
+
+
 def _params(fn: ast.FunctionDef, skip_self: bool) -> list[dict[str, object]]:
     a = fn.args
     positional = a.posonlyargs + a.args
@@ -122,10 +143,21 @@ def main(gitdir: str, tag: str = "v0.9.0") -> None:
                 entry["params"] = _params(node, skip_self=False)
             entries[name] = entry
         modules[module] = entries
+    # Every module of the two trees, with the public names it defines (private modules and
+    # generated protobuf code excluded): real code imports from and patches these modules.
+    tree_modules: dict[str, list[str]] = {}
+    for f in sorted(trees):
+        if not f.startswith(TREES) or "protobuf_template" in f:
+            continue
+        module = f[: -len(".py")].replace("/", ".").removesuffix(".__init__")
+        if any(part.startswith("_") for part in module.split(".")):
+            continue
+        tree_modules[module] = _tree_names(trees[f])
     out = {
         "source": f"pytorch/data {tag} ({_git(gitdir, 'rev-list', '-n1', tag).strip()}), BSD-3-Clause",
         "modules": modules,
         "functional": {k: sorted(set(v)) for k, v in functional.items()},
+        "tree": tree_modules,
     }
     path = Path(__file__).with_name("torchdata09-surface.json")
     path.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")

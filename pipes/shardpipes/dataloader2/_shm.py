@@ -97,7 +97,7 @@ def _swap(x: Any, depth: int, found: list[bytes]) -> Any:
     return x
 
 
-def _restore(x: Any, depth: int, values: list[bytes]) -> Any:
+def _restore(x: Any, depth: int, values: list[Any]) -> Any:
     kind = type(x)
     if kind is _Ref:
         return values[x.i]
@@ -159,7 +159,7 @@ class Ring:
         _SEQ.pack_into(buf, 0, self.seq)
         spans, at = [], _HEADER_SIZE
         for b in found:
-            buf[at : at + len(b)] = b
+            buf[at : at + len(b)] = b if type(b) is bytes else b.getvalue()  # type: ignore[attr-defined]
             # A StreamBytes's span is stored with its offset negated (offsets are > 0).
             spans.append((at if type(b) is bytes else -at, len(b)))
             at += len(b)

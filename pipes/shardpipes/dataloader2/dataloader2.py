@@ -40,6 +40,7 @@ from shardpipes.plan.epoch import EpochPlan
 from shardpipes.plan.resume import Segment
 
 __all__ = [
+    "RANDOMNESS_STATE_KEY_NAME",
     "READING_SERVICE_STATE_KEY_NAME",
     "SERIALIZED_DATAPIPE_KEY_NAME",
     "DataLoader2",
@@ -47,6 +48,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +59,8 @@ _STATE_KEYS = ("format", "version", "seed", "epoch", "consumed", "world_size", "
 #: reading service) and a ``CheckpointableReadingServiceInterface``'s own state.
 SERIALIZED_DATAPIPE_KEY_NAME = "serialized_datapipe"
 READING_SERVICE_STATE_KEY_NAME = "reading_service_state"
+#: 0.9's key of the seed generator's state; ours keeps the seed and epoch under "seed"/"epoch".
+RANDOMNESS_STATE_KEY_NAME = "randomness_state"
 
 
 def _serialize(datapipe: Any) -> bytes | None:

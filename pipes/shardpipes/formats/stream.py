@@ -1,111 +1,142 @@
-"""``StreamBytes``: a member's bytes that also read like the stream torchdata 0.9 gave.
+"""``StreamBytes``: a member's data as a real in-memory file that also answers like ``bytes``.
 
-torchdata 0.9's ``load_from_tar`` and ``webdataset()`` yielded file-like streams; shardpipes
-yields the bytes. A ``StreamBytes`` is both: a ``bytes`` (equality, hashing, slicing,
-``decode()``, the buffer protocol, ``np.frombuffer``, ``pickle``: all as ``bytes``) that also
-has ``read(n=-1)``, ``readline()``, ``readlines()``, ``seek``/``tell``, ``close()``,
-``file_obj`` and iteration over lines, with a position like a stream: ``read()`` twice gives
-the data and then ``b""``.
+torchdata 0.9's ``load_from_tar`` and ``webdataset()`` yielded file objects, and 0.9 code hands
+them to whatever reads files: ``PIL.Image.open(v)``, ``torch.load(v)``, ``tarfile.open(fileobj=v)``,
+``np.load(v)``, ``json.load(v)``, ``pickle.load(v)``, ``io.TextIOWrapper(v)``. A ``StreamBytes`` is
+an :class:`io.BytesIO` (so every one of those takes it as the file it is) that is *not* a
+``bytes``: libraries test ``isinstance(x, bytes)`` first and take a ``bytes`` for a file name.
+
+It also answers the ``bytes`` questions shardpipes' docs promised: ``bytes(v)`` (the data,
+without a copy), ``len(v)``, ``v[i]``/``v[a:b]``, ``v == b"..."``, ``hash(v)``, ``b"x" in v``,
+``v + b"..."``, ``v.decode()`` and the other ``bytes`` methods (``startswith``, ``split``, ...).
+What it cannot do on Python 3.11 is lend its memory through the buffer protocol: C functions that
+take any bytes-like object (``io.BytesIO(v)``, ``np.frombuffer(v)``, ``b"".join``, ``hashlib``,
+``zlib``, ``json.loads(v)``, ``int(v)``) need ``bytes(v)`` (free) or the file itself. From
+Python 3.12 the value offers the buffer protocol too (``__buffer__``, PEP 688).
+
+``read()`` keeps a position (``read()`` twice gives the data and then ``b""``); ``close()`` keeps
+the data (0.9 code closes each stream after reading it, and the value stays usable).
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+import sys
 from typing import IO, Any, cast
 
-__all__ = ["StreamBytes", "binary_stream"]
+__all__ = ["StreamBytes", "binary_stream", "raw_bytes"]
+
+# The bytes methods a StreamBytes answers (on its data, as a bytes would). ``count`` and
+# ``index`` are on the list too: BytesIO has neither, so nothing else can answer them.
+_BYTES_METHODS = frozenset(
+    name for name in dir(bytes) if not name.startswith("_") and name not in ("fromhex", "maketrans")
+)
 
 
-class StreamBytes(bytes):
-    """``bytes`` with a read position: what ``webdataset()`` puts in a sample's fields.
+class StreamBytes(io.BytesIO):
+    """A member's data: an in-memory file (``io.BytesIO``) that also answers like ``bytes``.
 
     Examples:
         >>> v = StreamBytes(b"one|two")
-        >>> v == b"one|two", v[:3], v.decode().upper()
-        (True, b'one', 'ONE|TWO')
+        >>> v == b"one|two", v[:3], v.decode().upper(), len(v), bytes(v)
+        (True, b'one', 'ONE|TWO', 7, b'one|two')
         >>> v.read(3), v.read(), v.read()
         (b'one', b'|two', b'')
         >>> v.seek(0)
         0
+        >>> import json
+        >>> json.load(StreamBytes(b'{"a": 1}'))
+        {'a': 1}
     """
 
-    # A position only once read: most values are never read as streams, and an instance
-    # dict is made lazily, on the first attribute set.
+    mode = "rb"
 
-    def _stream(self) -> io.BytesIO:
-        state = self.__dict__.get("_io", 0)
-        if isinstance(state, int):  # never read, or read whole at once: make the stream now
-            stream = io.BytesIO(self)
-            stream.seek(state)
-            self.__dict__["_io"] = stream
-            return stream
-        return state  # type: ignore[no-any-return]
+    def __bytes__(self) -> bytes:
+        return self.getvalue()  # shares the buffer: no copy
 
-    def read(self, n: int | None = -1, /) -> bytes:
-        """Read up to ``n`` bytes (all that is left when ``n`` is ``-1`` or ``None``)."""
-        if (n is None or n < 0) and "_io" not in self.__dict__:
-            self.__dict__["_io"] = len(self)  # the usual case: one read() of everything
-            return bytes(self)
-        return self._stream().read(n)
+    def __len__(self) -> int:
+        return len(self.getvalue())
 
-    def read1(self, n: int = -1, /) -> bytes:
-        """Same as :meth:`read`."""
-        return self.read(n)
+    def __getitem__(self, index: Any) -> Any:
+        return self.getvalue()[index]
 
-    def readinto(self, buffer: Any, /) -> int:
-        """Read into a writable buffer; return the number of bytes read."""
-        return self._stream().readinto(buffer)
+    def __contains__(self, item: object) -> bool:
+        return item in self.getvalue()  # type: ignore[operator]
 
-    def readline(self, size: int | None = -1, /) -> bytes:
-        """Read one line (up to ``size`` bytes)."""
-        return self._stream().readline(size)
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, StreamBytes):
+            return self.getvalue() == other.getvalue()
+        if isinstance(other, bytes | bytearray | memoryview):
+            return self.getvalue() == other
+        return NotImplemented
 
-    def readlines(self, hint: int | None = -1, /) -> list[bytes]:
-        """Read the remaining lines."""
-        return self._stream().readlines(hint)
+    def __ne__(self, other: object) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
 
-    def seek(self, offset: int, whence: int = 0, /) -> int:
-        """Move the read position (as ``io.BytesIO.seek``)."""
-        return self._stream().seek(offset, whence)
+    def __hash__(self) -> int:
+        return hash(self.getvalue())
 
-    def tell(self) -> int:
-        """The read position."""
-        return self._stream().tell()
+    def __add__(self, other: Any) -> bytes:
+        return self.getvalue() + bytes(other)
 
-    def readable(self) -> bool:
-        """``True``."""
-        return True
+    def __radd__(self, other: Any) -> bytes:
+        return bytes(other) + self.getvalue()
 
-    def seekable(self) -> bool:
-        """``True``."""
-        return True
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.getvalue()!r})"
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names the file does not have: the bytes methods, on the data.
+        if name in _BYTES_METHODS:
+            return getattr(self.getvalue(), name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    if sys.version_info >= (3, 12):
+
+        def __buffer__(self, flags: int, /) -> memoryview:
+            return memoryview(self.getvalue())
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        """The data decoded as text (as ``bytes.decode``)."""
+        return self.getvalue().decode(encoding, errors)
 
     def close(self) -> None:
-        """Nothing to release: the data stays usable as ``bytes``."""
+        """Nothing to release: the data stays readable (0.9 code closes after reading)."""
 
     @property
     def closed(self) -> bool:
-        """``False``: the value is in memory."""
+        """``False``: the value is in memory and stays usable."""
         return False
+
+    def writable(self) -> bool:
+        """``False``: a member's data is read, never written."""
+        return False
+
+    def write(self, data: Any, /) -> int:
+        """Refused: a member's data is read-only."""
+        raise io.UnsupportedOperation("a StreamBytes is read-only: write to a new io.BytesIO")
+
+    def writelines(self, lines: Any, /) -> None:
+        """Refused: a member's data is read-only."""
+        raise io.UnsupportedOperation("a StreamBytes is read-only: write to a new io.BytesIO")
+
+    def truncate(self, size: int | None = None, /) -> int:
+        """Refused: a member's data is read-only."""
+        raise io.UnsupportedOperation("a StreamBytes is read-only")
 
     @property
     def file_obj(self) -> StreamBytes:
         """The value itself (0.9's ``StreamWrapper.file_obj``)."""
         return self
 
-    def __iter__(self) -> Iterator[bytes]:  # type: ignore[override]
-        """The remaining lines, as a stream iterates."""
-        return iter(self._stream())
-
-    def __enter__(self) -> StreamBytes:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
     def __reduce__(self) -> tuple[Any, ...]:
-        return (StreamBytes, (bytes(self),))
+        return (StreamBytes, (self.getvalue(),))
+
+
+def raw_bytes(value: Any) -> Any:
+    """``value``'s bytes when it is a :class:`StreamBytes` (without a copy), else ``value``."""
+    return value.getvalue() if isinstance(value, StreamBytes) else value
 
 
 def binary_stream(stream: IO[Any]) -> IO[bytes]:

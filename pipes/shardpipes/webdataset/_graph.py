@@ -23,6 +23,7 @@ from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.datapipes.iter.base import StageIterDataPipe
 from shardpipes.errors import SampleFormatError
 from shardpipes.formats.compression import by_suffix, decompress_stream
+from shardpipes.formats.stream import StreamBytes
 from shardpipes.webdataset import filters, utils
 from shardpipes.webdataset.handlers import reraise_exception
 from shardpipes.webdataset.shardlists import SPLITTERS
@@ -195,11 +196,15 @@ def url_of(item: Any) -> str:
 
 
 def to_wds_sample(sample: dict[str, Any]) -> dict[str, Any]:
-    """Shardpipes sample -> webdataset sample: field names without the dot, lower-cased."""
+    """Shardpipes sample -> webdataset sample: field names without the dot, lower-cased, values ``bytes``.
+
+    webdataset's values are ``bytes`` (its users write ``io.BytesIO(v)`` and ``isinstance(v, bytes)``),
+    so a member's :class:`StreamBytes` gives its data (shared, not copied).
+    """
     out = {"__key__": sample["__key__"], "__url__": sample["__url__"]}
     for k, v in sample.items():
         if k[:1] == ".":
-            out[k[1:].lower()] = v
+            out[k[1:].lower()] = v.getvalue() if isinstance(v, StreamBytes) else v
     return out
 
 

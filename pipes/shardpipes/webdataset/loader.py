@@ -12,13 +12,15 @@ when the first runs out), so an epoch never hangs a gradient all-reduce, with or
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any, Literal, cast
 
+import torch
 import torch.distributed as dist
 from torch.utils.data import IterDataPipe
-from torch.utils.data._utils.collate import default_collate
+from torch.utils.data._utils.collate import default_collate, default_convert
 
 from shardpipes.dataloader2 import (
     DataLoader2,
@@ -63,6 +65,21 @@ class _Batch(StageIterDataPipe[Any]):
             yield self.collate_fn(batch)
 
 
+class _Convert(StageIterDataPipe[Any]):
+    """torch ``DataLoader``'s ``batch_size=None``: each item through ``collate_fn`` (``default_convert``)."""
+
+    def __init__(
+        self, source_datapipe: IterDataPipe[Any], collate_fn: Callable[[Any], Any]
+    ) -> None:
+        self.source_datapipe = source_datapipe
+        self.collate_fn = collate_fn
+
+    def __iter__(self) -> Iterator[Any]:
+        convert = self.collate_fn
+        for item in self.source_datapipe:
+            yield convert(item)
+
+
 class _Items(StageIterDataPipe[Any]):
     """A DataPipe over a loader's one pass, so ``fullsync`` can end the chain."""
 
@@ -76,21 +93,25 @@ class _Items(StageIterDataPipe[Any]):
 class WebLoader(FluidInterface):
     """webdataset's ``WebLoader(dataset, batch_size=..., num_workers=...)`` on ``DataLoader2``.
 
-    Takes torch ``DataLoader``'s arguments. ``batch_size=None`` passes items through as the
-    dataset yields them (the usual choice when the dataset batches); the default ``1``
-    collates single items like torch does. Chained methods (``unbatched``, ``shuffle``,
+    Takes torch ``DataLoader``'s arguments and converts as it does: ``batch_size=None`` hands
+    each item to ``collate_fn``, by default torch's ``default_convert`` (numpy arrays become
+    tensors; the usual choice when the dataset batches); a ``batch_size`` collates that many
+    items with ``collate_fn``, by default ``default_collate``. Chained methods (``unbatched``, ``shuffle``,
     ``batched``, ``map``, ``with_epoch``, ``ddp_equalize``, ...) run in the main process.
 
     Args:
         dataset: A ``WebDataset``/``DataPipeline`` or any ``IterDataPipe``.
         batch_size: Items per batch made in each worker, or ``None``. Default: ``1``.
         num_workers: Worker processes. Default: ``0`` (in this process).
-        collate_fn: Collation of a batch. Default: torch's ``default_collate``.
-        drop_last: Drop each worker's last short batch.
-        pin_memory: Pin tensors (when an accelerator exists).
+        collate_fn: Collation of a batch (``batch_size`` set) or conversion of an item
+            (``batch_size=None``). Default: torch's ``default_collate`` / ``default_convert``.
+        drop_last: Drop each worker's last short batch (not with ``batch_size=None``, as in torch).
+        pin_memory: Pin tensors in the main process (when an accelerator exists; torch warns
+            and leaves them otherwise).
         timeout: Seconds to wait for a worker's next item; ``0`` waits as long as they live.
         multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or ``None``.
-        prefetch_factor: Items each worker keeps ready. Default: ``2``.
+        prefetch_factor: Items each worker keeps ready; only with workers, as in torch.
+            Default: ``2``.
         seed: Loader seed (a new order each epoch from it). Default: the dataset's ``seed``, else ``0``.
         policy: How ranks are equalised: ``"stop"`` (default) or ``"pad"``.
         shuffle: ``True`` is an error, as in torch for an iterable dataset.
@@ -98,7 +119,9 @@ class WebLoader(FluidInterface):
         batch_sampler: Must be ``None``.
         worker_init_fn: Accepted for torch compatibility; not used.
         generator: Accepted for torch compatibility; the loader seeds (``seed``).
-        persistent_workers: Accepted; workers always persist across epochs.
+        persistent_workers: Keep the worker processes from one epoch to the next (only with
+            workers, as in torch). Default ``False``: as torch, each epoch starts new workers
+            (the epoch order still follows the loader's seed and epoch number).
     """
 
     def __init__(
@@ -135,14 +158,44 @@ class WebLoader(FluidInterface):
             raise TypeError(
                 f"WebLoader needs a WebDataset, DataPipeline or IterDataPipe, got {type(dataset).__name__}"
             )
+        # torch's checks, with torch's messages
+        if num_workers < 0:
+            raise ValueError(
+                "num_workers option should be non-negative; use num_workers=0 to disable multiprocessing."
+            )
+        if timeout < 0:
+            raise ValueError("timeout option should be non-negative")
+        if num_workers == 0 and prefetch_factor is not None:
+            raise ValueError(
+                "prefetch_factor option could only be specified in multiprocessing."
+                "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None."
+            )
+        if prefetch_factor is not None and prefetch_factor < 0:
+            raise ValueError("prefetch_factor option should be non-negative")
+        if persistent_workers and num_workers == 0:
+            raise ValueError("persistent_workers option needs num_workers > 0")
+        if batch_size is None and drop_last:
+            raise ValueError(
+                "batch_size=None option disables auto-batching and is mutually exclusive with drop_last"
+            )
+        if pin_memory and not torch.accelerator.is_available():
+            warnings.warn(  # torch's warning, so code that filters it keeps working
+                "'pin_memory' argument is set as true but no accelerator is found, "
+                "then device pinned memory won't be used.",
+                UserWarning,
+                stacklevel=2,
+            )
         graph = dataset
         if batch_size is not None:
             graph = _Batch(graph, batch_size, drop_last, collate_fn or default_collate)
+        else:
+            graph = _Convert(graph, collate_fn or default_convert)
         self.dataset = dataset
         self.graph = graph
         self.num_workers = num_workers
         self.multiprocessing_context = multiprocessing_context
-        self.prefetch_factor = prefetch_factor or 2
+        self.prefetch_factor = prefetch_factor if prefetch_factor is not None else 2
+        self.persistent_workers = persistent_workers
         self.pin_memory = pin_memory
         self.timeout = timeout
         self.policy = policy
@@ -156,7 +209,9 @@ class WebLoader(FluidInterface):
         self.repetitions = 1
         self.nsamples = -1
         self.size: int | None = None
-        self._loader: DataLoader2[Any] | None = None
+        # One box shared by the loaders compose() makes: they share the workers, and a new pool
+        # (persistent_workers=False) is seen by all of them.
+        self._box: list[DataLoader2[Any] | None] = [None]
         self._group: Any = None
 
     def compose(self, *args: Any) -> WebLoader:
@@ -167,7 +222,7 @@ class WebLoader(FluidInterface):
         return result
 
     def _dataloader(self) -> DataLoader2[Any]:
-        if self._loader is None:
+        if self._box[0] is None:
             mp = MultiProcessingReadingService(
                 num_workers=self.num_workers,
                 multiprocessing_context=self.multiprocessing_context,
@@ -180,15 +235,28 @@ class WebLoader(FluidInterface):
                 if _distributed()
                 else mp
             )
-            self._loader = DataLoader2(self.graph, reading_service=rs)
-            self._loader.seed(self.seed)
-        return self._loader
+            loader = DataLoader2(self.graph, reading_service=rs)
+            loader.seed(self.seed)
+            self._box[0] = loader
+        return cast(DataLoader2[Any], self._box[0])
+
+    def _epoch(self) -> Iterator[Any]:
+        """One loader epoch; without ``persistent_workers`` the workers end with it, as in torch."""
+        loader = self._dataloader()
+        yield from loader
+        if self.num_workers > 0 and not self.persistent_workers:
+            # The next epoch starts new workers; the state carries the seed and epoch number,
+            # so it continues the loader's sequence of epochs instead of repeating the first.
+            state = loader.state_dict()
+            loader.shutdown()
+            self._box[0] = None
+            self._dataloader().load_state_dict(state)
 
     def _chain(self) -> Iterator[Any]:
         """One pass: a loader epoch (or, with ``with_epoch``/``repeat``, as many as it takes)."""
 
         def one_epoch() -> Iterator[Any]:
-            it: Any = iter(self._dataloader())
+            it: Any = self._epoch()
             for stage in self.pipeline:
                 it = stage(iter(it))
             return cast(Iterator[Any], it)
@@ -259,6 +327,6 @@ class WebLoader(FluidInterface):
 
     def shutdown(self) -> None:
         """Stop the worker processes."""
-        if self._loader is not None:
-            self._loader.shutdown()
-            self._loader = None
+        if self._box[0] is not None:
+            self._box[0].shutdown()
+            self._box[0] = None

@@ -286,7 +286,7 @@ class ShardListDataset(Dataset[dict[str, Any]]):
                 dot = name[-1].find(".")
                 key = entry.name[: len(entry.name) - len(name[-1]) + dot]
                 sample.setdefault("__key__", key)
-                sample[name[-1][dot:]] = io.BytesIO(entry.data)
+                sample[name[-1][dot:]] = io.BytesIO(entry.data.getvalue())
         finally:
             stream.close()
         sample["__dataset__"] = desc.get("dataset")

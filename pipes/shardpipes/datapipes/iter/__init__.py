@@ -144,6 +144,9 @@ from shardpipes.datapipes.td09.combining import (
 )
 from shardpipes.datapipes.td09.combining import UnZipperIterDataPipe as UnZipper
 from shardpipes.datapipes.td09.combining import ZipperLongestIterDataPipe as ZipperLongest
+from shardpipes.datapipes.td09.iopath import IoPathFileListerIterDataPipe as IoPathFileLister
+from shardpipes.datapipes.td09.iopath import IoPathFileOpenerIterDataPipe as IoPathFileOpener
+from shardpipes.datapipes.td09.iopath import IoPathSaverIterDataPipe as IoPathSaver
 from shardpipes.datapipes.td09.readers import GDriveReaderDataPipe as GDriveReader
 from shardpipes.datapipes.td09.readers import HTTPReaderIterDataPipe as HttpReader
 from shardpipes.datapipes.td09.readers import OnlineReaderIterDataPipe as OnlineReader
@@ -168,13 +171,6 @@ from shardpipes.datapipes.td09.unavailable import (
 from shardpipes.datapipes.td09.unavailable import (
     HuggingFaceHubReaderIterDataPipe as HuggingFaceHubReader,
 )
-from shardpipes.datapipes.td09.unavailable import (
-    IoPathFileListerIterDataPipe as IoPathFileLister,
-)
-from shardpipes.datapipes.td09.unavailable import (
-    IoPathFileOpenerIterDataPipe as IoPathFileOpener,
-)
-from shardpipes.datapipes.td09.unavailable import IoPathSaverIterDataPipe as IoPathSaver
 from shardpipes.datapipes.td09.unavailable import (
     ParquetDFLoaderIterDataPipe as ParquetDataFrameLoader,
 )

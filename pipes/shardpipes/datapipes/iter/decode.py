@@ -10,6 +10,7 @@ from shardpipes.datapipes.iter.base import StageIterDataPipe, check_picklable_fn
 from shardpipes.errors import DecodeError
 from shardpipes.formats.decoders import DECODERS, lookup
 from shardpipes.formats.decoders import decoders as decoder_table
+from shardpipes.formats.stream import StreamBytes
 from shardpipes.handlers import HandlerLike, SkipStats, resolve_handler
 
 __all__ = ["DEFAULT_DECODERS", "IMAGE_EXTENSIONS", "DecoderIterDataPipe"]
@@ -146,6 +147,8 @@ class DecoderIterDataPipe(StageIterDataPipe[Sample]):
                         fn = None if name.startswith("__") else lookup(table, name)
                         chosen[name] = fn
                     if fn is not None and isinstance(value, _RAW):
+                        if isinstance(value, StreamBytes):
+                            value = value.getvalue()  # the data itself: no copy
                         try:
                             out[name] = fn(value)
                         except Exception as exc:
@@ -158,7 +161,7 @@ class DecoderIterDataPipe(StageIterDataPipe[Sample]):
 
 
 _UNSEEN: Any = object()
-_RAW = (bytes, bytearray, memoryview)
+_RAW = (bytes, bytearray, memoryview, StreamBytes)
 
 
 def _decode_error(sample: Sample, field: str, exc: Exception) -> DecodeError:

@@ -33,16 +33,15 @@ class TarMember(StreamBytes):
     offset: int
     data_offset: int
 
-    def __new__(cls, data: bytes, url: str, name: str, offset: int, data_offset: int) -> TarMember:  # noqa: D102
-        member = super().__new__(cls, data)
-        member.url = url
-        member.name = name
-        member.offset = offset
-        member.data_offset = data_offset
-        return member
+    def __init__(self, data: Any, url: str, name: str, offset: int, data_offset: int) -> None:
+        super().__init__(data)
+        self.url = url
+        self.name = name
+        self.offset = offset
+        self.data_offset = data_offset
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (TarMember, (bytes(self), self.url, self.name, self.offset, self.data_offset))
+        return (TarMember, (self.getvalue(), self.url, self.name, self.offset, self.data_offset))
 
 
 @register("load_from_tar")
@@ -146,7 +145,10 @@ class TarArchiveLoaderIterDataPipe(StageIterDataPipe[tuple[str, TarMember]]):
 
     def __iter__(self) -> Iterator[tuple[str, TarMember]]:
         for url, e in self.members():
-            yield f"{url}/{e.name}", TarMember(e.data, url, e.name, e.offset, e.data_offset)
+            yield (
+                f"{url}/{e.name}",
+                TarMember(e.data.getvalue(), url, e.name, e.offset, e.data_offset),
+            )
 
     def __len__(self) -> int:
         if self.length == -1:

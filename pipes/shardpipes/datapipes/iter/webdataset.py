@@ -14,9 +14,27 @@ from shardpipes.formats.stream import StreamBytes
 from shardpipes.formats.tarparse import TarEntry
 from shardpipes.handlers import HandlerLike, SkipStats, resolve_handler
 
-__all__ = ["Sample", "WebDatasetIterDataPipe"]
+__all__ = ["Sample", "WebDatasetIterDataPipe", "pathsplit"]
 
 Sample = dict[str, Any]
+
+
+def pathsplit(p: str) -> tuple[str, str]:
+    """Split a member path into ``(key, extension)``: torchdata 0.9's function of this name.
+
+    The extension is everything from the first dot of the basename; a backslash counts as a
+    slash. ``webdataset()`` looks this function up each time it starts: code that replaces
+    ``shardpipes.datapipes.iter.util.webdataset.pathsplit`` (as some 0.9 code replaced
+    ``torchdata.datapipes.iter.util.webdataset.pathsplit``) changes how it groups members.
+
+    Examples:
+        >>> pathsplit("train/x.seg.png")
+        ('train/x', '.seg.png')
+    """
+    return split_key(p.replace("\\", "/"))
+
+
+_PATHSPLIT = pathsplit
 
 
 @register("webdataset")
@@ -125,6 +143,8 @@ class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
         url: str | None = None
         last_offset = -1
         seen: set[str] = set()
+        # A replaced ``pathsplit`` (0.9's hook, looked up now, as 0.9 looked it up) splits keys.
+        split = split_key if pathsplit is _PATHSPLIT else pathsplit
         for member_url, entry in self._entries():
             name = entry.name
             if member_url != url or entry.offset <= last_offset:  # a new shard begins
@@ -137,7 +157,7 @@ class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
                 sample, key, url = None, None, member_url
                 seen = set()
             last_offset = entry.offset
-            member_key, ext = split_key(name)
+            member_key, ext = split(name)
             try:
                 if not ext:
                     raise no_extension(member_url, name)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -55,10 +56,18 @@ def _list_file(path: str) -> str:
     return path + ".torchdata_list"
 
 
-def _hash_ok(path: str, hash_dict: dict[str, str], hash_type: str) -> bool:
+def _hash_check(path: str, hash_dict: dict[str, str], hash_type: str) -> bool:
     if path not in hash_dict:
         return False
     return file_digest(path, hash_type) == hash_dict[path]
+
+
+def _hash_check_09() -> Callable[[str, dict[str, str], str], bool]:
+    """``_hash_check`` of 0.9's module path, looked up at call time as 0.9 did (tests patch it)."""
+    module = sys.modules.get("shardpipes.datapipes.iter.util.cacheholder")
+    return cast(
+        Callable[[str, dict[str, str], str], bool], getattr(module, "_hash_check", _hash_check)
+    )
 
 
 def _classify(
@@ -78,7 +87,7 @@ def _classify(
         return _CACHED_LIST
     if (
         os.path.exists(path)
-        and (hash_dict is None or _hash_ok(path, hash_dict, hash_type))
+        and (hash_dict is None or _hash_check_09()(path, hash_dict, hash_type))
         and (extra_check_fn is None or extra_check_fn(path))
     ):
         return _CACHED

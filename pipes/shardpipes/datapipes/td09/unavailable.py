@@ -8,8 +8,6 @@ still load, and fails at construction with the reason and the alternative:
   and ``storage_options={"client_kwargs": {"endpoint_url": ...}}``.
 - Hugging Face Hub (``HuggingFaceHubReader``): use ``datasets.load_dataset(..., streaming=True)``
   and wrap it with ``IterableWrapper``, or read the Hub's files with fsspec's ``hf://`` URLs.
-- iopath (``IoPathFileLister``/``IoPathFileOpener``/``IoPathSaver``): iopath is unmaintained;
-  the fsspec stages read and write the same local and remote paths.
 - torcharrow dataframes (``DataFrameMaker``/``ParquetDataFrameLoader``): torcharrow was
   archived; batch rows with ``batch()``/``rows2columnar()`` or read Parquet with pyarrow in a
   ``map``.
@@ -17,7 +15,6 @@ still load, and fails at construction with the reason and the alternative:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NoReturn
 
 from shardpipes.datapipes.iter.base import StageIterDataPipe, register
@@ -27,9 +24,6 @@ __all__ = [
     "AISFileLoaderIterDataPipe",
     "DataFrameMakerIterDataPipe",
     "HuggingFaceHubReaderIterDataPipe",
-    "IoPathFileListerIterDataPipe",
-    "IoPathFileOpenerIterDataPipe",
-    "IoPathSaverIterDataPipe",
     "ParquetDFLoaderIterDataPipe",
 ]
 
@@ -43,11 +37,6 @@ _HF = (
     "shardpipes does not carry the Hugging Face datasets package. Use "
     "IterableWrapper(datasets.load_dataset(name, streaming=True, split=...)) (pip install datasets), "
     "or read the Hub's files with FSSpecFileOpener and hf:// URLs (pip install huggingface_hub)."
-)
-_IOPATH = (
-    "iopath is unmaintained and not carried by shardpipes; FSSpecFileLister, FSSpecFileOpener and "
-    "FSSpecSaver (list_files_by_fsspec, open_files_by_fsspec, save_by_fsspec) take the same "
-    "local and remote paths."
 )
 _DF = (
     "torcharrow was archived by PyTorch, so torchdata's dataframe stages cannot work. Batch rows "
@@ -80,42 +69,6 @@ class HuggingFaceHubReaderIterDataPipe(StageIterDataPipe[Any]):
 
     def __init__(self, dataset: str, **config_kwargs: Any) -> None:
         _unavailable("HuggingFaceHubReader", _HF)
-
-
-@register("list_files_by_iopath")
-class IoPathFileListerIterDataPipe(StageIterDataPipe[str]):
-    """iopath listing: not provided, use ``list_files_by_fsspec`` (functional name: ``list_files_by_iopath``)."""
-
-    def __init__(
-        self, root: Any, masks: str | list[str] = "", *, pathmgr: Any = None, handler: Any = None
-    ) -> None:
-        _unavailable("IoPathFileLister", _IOPATH)
-
-
-@register("open_files_by_iopath")
-class IoPathFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, Any]]):
-    """iopath opening: not provided, use ``open_files_by_fsspec`` (functional name: ``open_files_by_iopath``)."""
-
-    def __init__(
-        self, source_datapipe: Any, mode: str = "r", pathmgr: Any = None, handler: Any = None
-    ) -> None:
-        _unavailable("IoPathFileOpener", _IOPATH)
-
-
-@register("save_by_iopath")
-class IoPathSaverIterDataPipe(StageIterDataPipe[str]):
-    """iopath saving: not provided, use ``save_by_fsspec`` (functional name: ``save_by_iopath``)."""
-
-    def __init__(
-        self,
-        source_datapipe: Any,
-        mode: str = "w",
-        filepath_fn: Callable[..., Any] | None = None,
-        *,
-        pathmgr: Any = None,
-        handler: Any = None,
-    ) -> None:
-        _unavailable("IoPathSaver", _IOPATH)
 
 
 @register("dataframe")

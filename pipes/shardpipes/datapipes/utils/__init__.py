@@ -3,7 +3,11 @@
 from torch.utils.data.datapipes.utils.common import StreamWrapper
 
 from shardpipes.datapipes.utils._graph import to_graph
-from shardpipes.datapipes.utils._helpers import janitor, pin_memory_fn
+
+# From the 0.9 submodules (not _helpers): importing a submodule sets the package attribute of
+# its name, so the functions must be bound after the submodules load, as 0.9 bound them.
+from shardpipes.datapipes.utils.janitor import janitor
+from shardpipes.datapipes.utils.pin_memory import pin_memory_fn
 
 __all__ = [
     "StreamWrapper",
