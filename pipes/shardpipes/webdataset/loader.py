@@ -5,8 +5,12 @@ under ``torch.distributed`` the graph's split is applied with the rank as well, 
 ``nodesplitter``. Stages chained on the loader (``.unbatched().shuffle(1000).batched(64)``) run
 in the main process after the pool. Under DDP the very last stage makes every rank yield the
 same number of batches (the ranks agree, in one small gloo collective per 16 batches, to stop
-when the first runs out), so an epoch never hangs a gradient all-reduce, with or without
-``with_epoch``/``ddp_equalize``.
+when the first runs out; with a shard index and nothing after the pool, every rank's length
+is known and no per-batch collective is needed), so an epoch never hangs a gradient
+all-reduce, with or without ``with_epoch``/``ddp_equalize``.
+
+``state_dict()``/``load_state_dict()`` are ``DataLoader2``'s: with a shard index a resumed loader
+seeks to where the state was taken, on the same or another number of ranks and workers.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from shardpipes.dataloader2 import (
 )
 from shardpipes.datapipes.iter import FullSync
 from shardpipes.datapipes.iter._base import StageIterDataPipe
+from shardpipes.webdataset._stages import Batcher, Collate
 from shardpipes.webdataset.pipeline import FluidInterface
 
 __all__ = ["WebLoader"]
@@ -35,32 +40,6 @@ __all__ = ["WebLoader"]
 
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-class _Batch(StageIterDataPipe[Any]):
-    """torch ``DataLoader``'s batching, inside the workers: ``batch_size`` items, collated."""
-
-    def __init__(
-        self,
-        source_datapipe: IterDataPipe[Any],
-        batch_size: int,
-        drop_last: bool,
-        collate_fn: Callable[[list[Any]], Any],
-    ) -> None:
-        self.source_datapipe = source_datapipe
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        self.collate_fn = collate_fn
-
-    def __iter__(self) -> Iterator[Any]:
-        batch: list[Any] = []
-        for item in self.source_datapipe:
-            batch.append(item)
-            if len(batch) == self.batch_size:
-                yield self.collate_fn(batch)
-                batch = []
-        if batch and not self.drop_last:
-            yield self.collate_fn(batch)
 
 
 class _Items(StageIterDataPipe[Any]):
@@ -136,8 +115,10 @@ class WebLoader(FluidInterface):
                 f"WebLoader needs a WebDataset, DataPipeline or IterDataPipe, got {type(dataset).__name__}"
             )
         graph = dataset
-        if batch_size is not None:
-            graph = _Batch(graph, batch_size, drop_last, collate_fn or default_collate)
+        if batch_size is not None:  # torch DataLoader's batching, inside the workers
+            graph = Collate(
+                Batcher(graph, batch_size, not drop_last), collate_fn or default_collate
+            )
         self.dataset = dataset
         self.graph = graph
         self.num_workers = num_workers
@@ -175,11 +156,11 @@ class WebLoader(FluidInterface):
                 pin_memory=self.pin_memory,
                 timeout=self.timeout,
             )
-            rs = (
-                SequentialReadingService(DistributedReadingService(equalize=False), mp)
-                if _distributed()
-                else mp
-            )
+            # With nothing after the pool the reading service evens out the ranks itself (from
+            # the index when there is one): what the loader yields is then what it counts, and
+            # its state names the position exactly.
+            ranks = DistributedReadingService(equalize=self._plain(), policy=self.policy)
+            rs = SequentialReadingService(ranks, mp) if _distributed() else mp
             self._loader = DataLoader2(self.graph, reading_service=rs)
             self._loader.seed(self.seed)
         return self._loader
@@ -208,8 +189,37 @@ class WebLoader(FluidInterface):
 
         yield from islice(passes(), self.nsamples) if self.nsamples > 0 else passes()
 
+    def _plain(self) -> bool:
+        """Whether the loader yields the reading service's items as they are (no stage after the pool)."""
+        return not self.pipeline and self.repetitions == 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position of this loader (``DataLoader2.state_dict``): save it with the model.
+
+        Raises:
+            ValueError: Stages run after the worker pool (``loader.unbatched().shuffle(...)``,
+                ``with_epoch``, ``ddp_equalize``): they hold items the state cannot name.
+        """
+        self._check_resumable("state_dict")
+        return self._dataloader().state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` at the next ``iter()`` (``DataLoader2.load_state_dict``)."""
+        self._check_resumable("load_state_dict")
+        self._dataloader().load_state_dict(state)
+
+    def _check_resumable(self, what: str) -> None:
+        if not self._plain():
+            raise ValueError(
+                f"WebLoader.{what}(): this loader has stages after the worker pool "
+                "(loader.unbatched()/shuffle()/batched()/map(), with_epoch, repeat or "
+                "ddp_equalize), which run in the main process and hold items a state cannot "
+                "name; put them on the dataset (they then run in the workers and resume), or "
+                "checkpoint without the data position"
+            )
+
     def __iter__(self) -> Iterator[Any]:
-        if not _distributed():
+        if not _distributed() or self._plain():
             yield from self._chain()
             return
         if self._group is None:
