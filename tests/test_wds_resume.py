@@ -188,12 +188,19 @@ def test_webloader_state_resumes_by_seeking_and_elastically(indexed):
     assert Counter(flat(part + rest)) == Counter(range(160))
 
 
-def test_webloader_stages_after_the_pool_refuse_a_state(indexed):
+def test_webloader_stages_after_the_pool_are_refused_at_load_state_dict(indexed):
+    """A checkpoint can still be written (Lightning writes the loader's state), but it says the
+    position cannot be named, and loading it is refused: never a resume at the wrong place."""
+    from shardpipes.errors import ShardpipesWarning
+
     loader = webloader(indexed, 0).unbatched().shuffle(10).batched(4)
-    with pytest.raises(ValueError, match=r"stages after the worker pool.*put them on the dataset"):
-        loader.state_dict()
+    with pytest.warns(ShardpipesWarning, match="stages after the worker pool"):
+        state = loader.state_dict()
+    with pytest.raises(ValueError, match=r"cannot resume: .*put them on the dataset"):
+        webloader(indexed, 0).load_state_dict(state)
+    plain_state = webloader(indexed, 0).state_dict()
     with pytest.raises(ValueError, match="stages after the worker pool"):
-        webloader(indexed, 0).with_epoch(5).load_state_dict({})
+        webloader(indexed, 0).with_epoch(5).load_state_dict(plain_state)
 
 
 def passthrough(src):

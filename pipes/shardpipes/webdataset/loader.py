@@ -16,6 +16,7 @@ seeks to where the state was taken, on the same or another number of ranks and w
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any, Literal, cast
@@ -32,10 +33,13 @@ from shardpipes.dataloader2 import (
 )
 from shardpipes.datapipes.iter import FullSync
 from shardpipes.datapipes.iter._base import StageIterDataPipe
+from shardpipes.errors import ShardpipesWarning
 from shardpipes.webdataset._stages import Batcher, Collate
 from shardpipes.webdataset.pipeline import FluidInterface
 
 __all__ = ["WebLoader"]
+
+_NOT_RESUMABLE = "shardpipes-webloader-not-resumable"
 
 
 def _distributed() -> bool:
@@ -196,27 +200,39 @@ class WebLoader(FluidInterface):
     def state_dict(self) -> dict[str, Any]:
         """The position of this loader (``DataLoader2.state_dict``): save it with the model.
 
-        Raises:
-            ValueError: Stages run after the worker pool (``loader.unbatched().shuffle(...)``,
-                ``with_epoch``, ``ddp_equalize``): they hold items the state cannot name.
+        With stages after the worker pool (``loader.unbatched().shuffle(...)``, ``with_epoch``,
+        ``ddp_equalize``), which hold items in the main process that a position cannot name,
+        the state only says so (with a warning now), and :meth:`load_state_dict` refuses it: a
+        checkpoint (Lightning's too) can still be written, and is never resumed wrongly.
         """
-        self._check_resumable("state_dict")
+        why = self._not_resumable()
+        if why is not None:
+            warnings.warn(f"WebLoader.state_dict(): {why}", ShardpipesWarning, stacklevel=2)
+            return {"format": _NOT_RESUMABLE, "reason": why}
         return self._dataloader().state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` at the next ``iter()`` (``DataLoader2.load_state_dict``)."""
-        self._check_resumable("load_state_dict")
+        """Continue from ``state`` at the next ``iter()`` (``DataLoader2.load_state_dict``).
+
+        Raises:
+            ValueError: The state, or this loader, has stages after the worker pool (see
+                :meth:`state_dict`); or ``DataLoader2.load_state_dict`` refuses it, saying why.
+        """
+        why = state.get("reason") if state.get("format") == _NOT_RESUMABLE else None
+        why = why or self._not_resumable()
+        if why is not None:
+            raise ValueError(f"WebLoader.load_state_dict(): cannot resume: {why}")
         self._dataloader().load_state_dict(state)
 
-    def _check_resumable(self, what: str) -> None:
-        if not self._plain():
-            raise ValueError(
-                f"WebLoader.{what}(): this loader has stages after the worker pool "
-                "(loader.unbatched()/shuffle()/batched()/map(), with_epoch, repeat or "
-                "ddp_equalize), which run in the main process and hold items a state cannot "
-                "name; put them on the dataset (they then run in the workers and resume), or "
-                "checkpoint without the data position"
-            )
+    def _not_resumable(self) -> str | None:
+        if self._plain():
+            return None
+        return (
+            "the loader has stages after the worker pool (loader.unbatched()/shuffle()/"
+            "batched()/map(), with_epoch, repeat or ddp_equalize), which run in the main "
+            "process and hold items a saved position cannot name; put them on the dataset "
+            "(they then run in the workers and resume)"
+        )
 
     def __iter__(self) -> Iterator[Any]:
         if not _distributed() or self._plain():
