@@ -110,6 +110,26 @@ def test_resume_continues_batch_for_batch(indexed, workers):
     assert len(pickle.dumps(states[PER_EPOCH // 2])) < 512  # a position, no samples
 
 
+def test_the_key_pattern_stages_are_one_to_one_too(indexed):
+    def graph():
+        return (
+            wds.WebDataset(indexed, shardshuffle=100)
+            .shuffle(16)
+            .decode()
+            .rename_keys(meta="json", lab="cls")
+            .xdecode(must_decode=False)
+            .extract_keys("meta", "lab")
+            .map_tuple(json_id)
+            .batched(4)
+        )
+
+    assert not isinstance(resume_shape(graph()), str)
+    batches, states = uninterrupted(graph(), mp(0), epochs=1)
+    assert sorted(epoch_ids(batches)) == list(range(160))
+    k = 11
+    assert as_ids(resumed(graph(), mp(0), states[k], PER_EPOCH - k)) == as_ids(batches[k:])
+
+
 READS: Counter = Counter()
 
 

@@ -24,7 +24,7 @@ from shardpipes.datapipes.iter._base import StageIterDataPipe
 from shardpipes.datapipes.iter._lean import LeanMapperIterDataPipe
 from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
 from shardpipes.errors import SampleFormatError
-from shardpipes.webdataset import filters, utils
+from shardpipes.webdataset import filters, keyfilters, utils
 from shardpipes.webdataset._stages import (
     Batcher,
     Collate,
@@ -40,12 +40,9 @@ from shardpipes.webdataset._stages import (
 from shardpipes.webdataset.handlers import reraise_exception
 from shardpipes.webdataset.shardlists import SPLITTERS
 
-ShuffleStage = Shuffle  # the name before the stages became core stages
-
 __all__ = [
     "EmptyCheck",
     "FilterStage",
-    "ShuffleStage",
     "TarfileToSamples",
     "build",
     "core_stage",
@@ -295,6 +292,38 @@ def _batched(
     return batches if collation_fn is None else Collate(batches, collation_fn)
 
 
+def _extract_keys(
+    dp: IterDataPipe[Any],
+    *patterns: Any,
+    duplicate_is_error: bool = True,
+    ignore_missing: bool = False,
+) -> IterDataPipe[Any]:
+    fn = keyfilters.ExtractKeys(patterns, duplicate_is_error, ignore_missing)
+    return SampleMap(dp, fn, name="extract_keys")
+
+
+def _rename_keys(
+    dp: IterDataPipe[Any],
+    *args: Any,
+    keep_unselected: bool = False,
+    must_match: bool = True,
+    duplicate_is_error: bool = True,
+    **kw: Any,
+) -> IterDataPipe[Any]:
+    fn = keyfilters.RenameKeys(args, kw, keep_unselected, must_match, duplicate_is_error)
+    return SampleMap(dp, fn, name="rename_keys")
+
+
+def _xdecode(
+    dp: IterDataPipe[Any],
+    *args: Any,
+    must_decode: bool = True,
+    defaults: Any = keyfilters.default_decoders,
+    **kw: Any,
+) -> IterDataPipe[Any]:
+    return SampleMap(dp, keyfilters.XDecode(args, kw, must_decode, defaults), name="xdecode")
+
+
 # webdataset's stage functions -> the core stage that does the same (same arguments, a
 # DataPipe in place of the iterator). The others run as opaque FilterStages.
 _CORE: dict[Callable[..., Any], Callable[..., IterDataPipe[Any]]] = {
@@ -308,6 +337,9 @@ _CORE: dict[Callable[..., Any], Callable[..., IterDataPipe[Any]]] = {
     filters._batched: _batched,
     filters._select: Select,
     filters._rsample: RandomSample,
+    keyfilters._extract_keys: _extract_keys,
+    keyfilters._rename_keys: _rename_keys,
+    keyfilters._xdecode: _xdecode,
 }
 
 

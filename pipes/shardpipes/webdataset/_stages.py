@@ -1,7 +1,7 @@
 """webdataset's stages as shardpipes stages, so the loader can see into a webdataset pipeline.
 
 ``.shuffle``, ``.batched``, ``.decode``, ``.map``, ``.to_tuple``, ``.map_dict``, ``.map_tuple``,
-``.rename``, ``.select`` and ``.rsample`` of a ``WebDataset``/``DataPipeline`` (and their stage
+``.rename``, ``.extract_keys``, ``.rename_keys``, ``.xdecode``, ``.select`` and ``.rsample`` of a ``WebDataset``/``DataPipeline`` (and their stage
 functions, ``wds.shuffle(1000)``, ...) become the classes here, each a subclass of the core stage
 the loader already knows: the shuffle is the core's counter-based buffered shuffle
 (:func:`shardpipes.plan.seeds.buffered_shuffle`, seeded per epoch and reader by the loader,
@@ -9,8 +9,8 @@ repositioned on resume), the batcher the core batcher, the per-sample functions 
 the decoder the core decode stage. So with a shard index a webdataset pipeline has an exact
 length per reader and resumes by seeking, on the same or another topology, like a DataPipe graph.
 
-What stays opaque (a user's iterator function, ``unbatched``, ``slice``, ``info``, ``xdecode``,
-...) runs as :class:`FilterStage`: the loader then replays an epoch to resume it (same topology)
+What stays opaque (a user's iterator function, ``unbatched``, ``unlisted``, ``slice``, ``info``,
+``mcached``) runs as :class:`FilterStage`: the loader then replays an epoch to resume it (same topology)
 or refuses another topology at ``load_state_dict``, naming why.
 
 Traits (what the loader reads from each class, today through its base class):
