@@ -4,14 +4,14 @@
 becomes the graph's source, the splitters one ``sharding_filter`` (applied by the loader with
 rank and worker), ``tarfile_to_samples`` the shardpipes reader
 (``open_files_by_fsspec -> load_from_tar -> webdataset``) plus a conversion to webdataset's
-sample format, the shuffles seeded stages, and every other stage function a thin DataPipe
-calling it on its source's iterator.
+sample format. webdataset's shuffle, batching, decoding and per-sample functions become core
+stages (:mod:`shardpipes.webdataset._translate`), so the loader can seed,
+count and resume them; any other stage function is a thin DataPipe calling it on its source's
+iterator (:class:`~shardpipes.webdataset._stages.FilterStage`).
 """
 
 from __future__ import annotations
 
-import io
-import random
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
@@ -20,18 +20,20 @@ from typing import Any, cast
 from torch.utils.data import IterDataPipe
 
 from shardpipes.datapipes.iter import IterableWrapper
+from shardpipes.datapipes.iter._lean import LeanMapperIterDataPipe
 from shardpipes.datapipes.iter.base import StageIterDataPipe
+from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
 from shardpipes.errors import SampleFormatError
-from shardpipes.formats.compression import by_suffix, decompress_stream
 from shardpipes.formats.stream import StreamBytes
-from shardpipes.webdataset import filters, utils
+from shardpipes.webdataset import utils
+from shardpipes.webdataset._stages import FilterStage, PassThrough, policy_of
+from shardpipes.webdataset._translate import core_stage
 from shardpipes.webdataset.handlers import reraise_exception
 from shardpipes.webdataset.shardlists import SPLITTERS
 
 __all__ = [
     "EmptyCheck",
     "FilterStage",
-    "ShuffleStage",
     "TarfileToSamples",
     "build",
     "tarfile_samples",
@@ -39,82 +41,20 @@ __all__ = [
 ]
 
 
-class FilterStage(StageIterDataPipe[Any]):
-    """Run a webdataset stage function ``fn(iterator) -> iterator`` as a DataPipe."""
-
-    def __init__(
-        self, source_datapipe: IterDataPipe[Any], fn: Callable[[Iterator[Any]], Iterable[Any]]
-    ) -> None:
-        self.source_datapipe = source_datapipe
-        self.fn = fn
-
-    def __iter__(self) -> Iterator[Any]:
-        yield from self.fn(iter(self.source_datapipe))
-
-
-class ShuffleStage(StageIterDataPipe[Any]):
-    """webdataset's buffered shuffle, seeded by the loader (``set_seed``) once per epoch.
-
-    Without a shardpipes loader: ``seed`` fixes the order (the same every iteration, as in
-    webdataset), ``epoch_seeded`` (``detshuffle``) adds the iteration count to it, and no seed
-    at all shuffles differently every time.
-    """
-
-    def __init__(
-        self,
-        source_datapipe: IterDataPipe[Any],
-        bufsize: int = 1000,
-        initial: int = 100,
-        seed: Any = None,
-        *,
-        epoch_seeded: bool = False,
-        counter: Any = None,
-    ) -> None:
-        self.source_datapipe = source_datapipe
-        self.bufsize = bufsize
-        self.initial = initial
-        self.seed = seed
-        self.epoch_seeded = epoch_seeded
-        # webdataset's detshuffle counts its epochs on the stage object the user holds.
-        self.counter = counter if counter is not None else _Counter()
-        self._loader_seed: int | None = None
-
-    def set_seed(self, seed: int) -> ShuffleStage:
-        """Called by the reading service before each epoch."""
-        self._loader_seed = seed
-        return self
-
-    def __iter__(self) -> Iterator[Any]:
-        self.counter.epoch += 1
-        if self._loader_seed is not None:
-            rng = random.Random(self._loader_seed)
-        elif self.epoch_seeded:
-            rng = random.Random(utils.make_seed(self.seed or 0, self.counter.epoch))
-        elif self.seed is not None:
-            rng = random.Random(self.seed)
-        else:
-            rng = filters._unseeded()
-        yield from filters.shuffle_iter(self.source_datapipe, self.bufsize, self.initial, rng)
-
-
-class _Counter:
-    epoch = -1
-
-
-class EmptyCheck(StageIterDataPipe[Any]):
-    """Raise when the whole dataset yields nothing (webdataset's ``empty_check``).
+class EmptyCheck(PassThrough):
+    """Raise when the whole dataset yields nothing (webdataset's ``empty_check``); one-to-one.
 
     Only when this reader is the only one: a worker or rank without shards is normal when
     shards are few, and raising there is what makes webdataset's default hang DDP.
     """
 
     def __init__(self, source_datapipe: IterDataPipe[Any], sharder: Any) -> None:
-        self.source_datapipe = source_datapipe
+        super().__init__(source_datapipe)
         self.sharder = sharder
 
     def __iter__(self) -> Iterator[Any]:
         count = 0
-        for sample in self.source_datapipe:
+        for sample in self.datapipe:
             count += 1
             yield sample
         readers = getattr(self.sharder, "num_of_instances", 1)
@@ -146,47 +86,6 @@ class MemberFilter(StageIterDataPipe[Any]):
                 path = path[: len(path) - len(name)] + new
                 stream.name = new
             yield path, stream
-
-
-class _Stream(io.RawIOBase):
-    """A decompressing reader that closes the compressed stream with itself."""
-
-    def __init__(self, outer: Any, inner: Any) -> None:
-        super().__init__()
-        self.outer = outer
-        self.inner = inner
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, n: int | None = -1) -> bytes:
-        data: bytes = self.outer.read(-1 if n is None else n)
-        return data
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.outer.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        if not self.closed:
-            self.outer.close()
-            self.inner.close()
-        super().close()
-
-
-class Decompressed(StageIterDataPipe[Any]):
-    """Decompress ``.tgz``/``.tar.gz``/``.bz2``/``.xz`` shards on the fly, as webdataset reads them."""
-
-    def __init__(self, source_datapipe: IterDataPipe[Any]) -> None:
-        self.source_datapipe = source_datapipe
-
-    def __iter__(self) -> Iterator[Any]:
-        for url, stream in self.source_datapipe:
-            codec = by_suffix(str(url))
-            if codec is not None:
-                stream = _Stream(decompress_stream(codec, stream), stream)
-            yield url, stream
 
 
 def url_of(item: Any) -> str:
@@ -221,10 +120,6 @@ class _GroupingPolicy:
         return self.handler(exc)
 
 
-def _policy(handler: Callable[[BaseException], bool]) -> Any:
-    return "raise" if handler is reraise_exception else handler
-
-
 class TarfileToSamples:
     """The ``wds.tarfile_to_samples(...)`` stage: the shardpipes tar reader, webdataset's samples."""
 
@@ -246,20 +141,26 @@ class TarfileToSamples:
         self.storage_options = storage_options
 
     def build(self, urls: IterDataPipe[Any]) -> IterDataPipe[Any]:
-        """Append the reader to a graph of shard-list items."""
-        dp = urls.map(url_of)
+        """Append the reader to a graph of shard-list items (or of ``sharding_by_index``'s ranges).
+
+        Right after ``sharding_by_index`` the ranges go straight to the opener, so the graph is
+        the core's indexed reader (``sharding_by_index -> open -> load_from_tar -> webdataset``)
+        and the loader knows each reader's length and resumes it by seeking. A compressed shard
+        (``.tgz``, ``.tar.gz``, ``.bz2``, ``.xz``) is recognised by ``load_from_tar`` from its
+        first bytes.
+        """
+        dp = urls if isinstance(urls, IndexSharderIterDataPipe) else urls.map(url_of)
         if self.cache_dir is not None and self.cache_size != 0:
             max_bytes = self.cache_size if self.cache_size > 0 else None
             dp = dp.on_disk_cache(
                 self.cache_dir, max_bytes=max_bytes, storage_options=self.storage_options
             )
         dp = dp.open_files_by_fsspec(mode="rb", storage_options=self.storage_options)
-        dp = Decompressed(dp)
-        dp = dp.load_from_tar(handler=_policy(self.handler))
+        dp = dp.load_from_tar(handler=policy_of(self.handler))
         if self.select_files is not None or self.rename_files is not None:
             dp = MemberFilter(dp, self.select_files, self.rename_files)
         dp = dp.webdataset(handler=_GroupingPolicy(self.handler))
-        return cast(IterDataPipe[Any], dp.map(to_wds_sample))
+        return LeanMapperIterDataPipe(dp, to_wds_sample)
 
     def __call__(self, src: Iterable[Any]) -> Iterator[Any]:
         """Read the shards of ``src`` (``{"url": u}`` items) directly, outside a pipeline."""
@@ -323,10 +224,6 @@ def source_of(stage: Any) -> IterDataPipe[Any]:
     raise ValueError(f"{stage!r}: not a valid pipeline source")
 
 
-def _is_curried(stage: Any, fn: Callable[..., Any]) -> bool:
-    return isinstance(stage, filters.FilterFunction) and stage.f is fn
-
-
 def build(
     stages: Iterable[Any], dp: IterDataPipe[Any] | None = None, sharder: Any = None
 ) -> tuple[IterDataPipe[Any] | None, Any]:
@@ -347,12 +244,8 @@ def build(
             if sharder is None:  # no splitter written: split here, never read all in every reader
                 dp = sharder = dp.sharding_filter()
             dp = stage.build(dp)
-        elif _is_curried(stage, filters._shuffle):
-            dp = _shuffle_stage(dp, stage)
-        elif isinstance(stage, filters.detshuffle):
-            dp = ShuffleStage(
-                dp, stage.bufsize, stage.initial, stage.seed, epoch_seeded=True, counter=stage
-            )
+        elif (core := core_stage(dp, stage)) is not None:
+            dp = core
         elif isinstance(stage, IterDataPipe):
             raise ValueError(f"{stage!r}: a DataPipe can only be the first stage of a pipeline")
         elif isinstance(stage, utils.PipelineStage):
@@ -364,13 +257,20 @@ def build(
     return dp, sharder
 
 
-def _shuffle_stage(dp: IterDataPipe[Any], stage: filters.FilterFunction) -> IterDataPipe[Any]:
-    names = ("bufsize", "initial", "rng", "seed", "handler")
-    kw = dict(zip(names, stage.args, strict=False))
-    kw.update(stage.kw)
-    if kw.get("rng") is not None:  # an explicit generator: the user owns the randomness
-        return FilterStage(dp, stage)
-    return ShuffleStage(dp, kw.get("bufsize", 1000), kw.get("initial", 100), kw.get("seed"))
+class RepeatEpochs(StageIterDataPipe[Any]):
+    """Iterate the graph ``repetitions`` times (stopping early if a pass is empty), cut at ``nsamples``.
+
+    webdataset's ``with_epoch``/``repeat`` on a pipeline: not one-to-one, so the loader neither
+    derives a length from an index through it nor seeks into it (it replays).
+    """
+
+    def __init__(self, source_datapipe: IterDataPipe[Any], repetitions: int, nsamples: int) -> None:
+        self.source_datapipe = source_datapipe
+        self.repetitions = repetitions
+        self.nsamples = nsamples
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from repeat_epochs(self.source_datapipe, self.repetitions, self.nsamples)
 
 
 def repeat_epochs(source: IterDataPipe[Any], repetitions: int, nsamples: int) -> Iterator[Any]:

@@ -137,8 +137,9 @@ class WebDataset(DataPipeline):
                 storage_options=storage_options,
             )
         )
-        if empty_check and self.source_datapipe is not None:
-            self.source_datapipe = _graph.EmptyCheck(self.source_datapipe, self.sharder)
+        if empty_check and self.graph is not None:
+            self.graph = _graph.EmptyCheck(self.graph, self.sharder)
+            self._wrap()
 
     def __enter__(self) -> WebDataset:
         return self

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardpipes.plan.seeds import buffered_shuffle
 from shardpipes.webdataset import autodecode, utils
 from shardpipes.webdataset._curry import FilterFunction, RestCurried, pipelinefilter
 from shardpipes.webdataset.handlers import reraise_exception
@@ -120,32 +121,19 @@ def _info(
 info = pipelinefilter(_info)
 
 
-def _pick(buf: list[Any], rng: random.Random) -> Any:
-    k = rng.randint(0, len(buf) - 1)
-    sample = buf[k]
-    buf[k] = buf[-1]
-    buf.pop()
-    return sample
-
-
 def shuffle_iter(
     data: Iterable[Any], bufsize: int, initial: int, rng: random.Random
 ) -> Iterator[Any]:
-    """Webdataset's buffered shuffle: fill to ``initial`` (two items per step), then draw at random."""
-    data = iter(data)
-    initial = min(initial, bufsize)
-    buf: list[Any] = []
-    for sample in data:
-        buf.append(sample)
-        if len(buf) < bufsize:
-            try:
-                buf.append(next(data))
-            except StopIteration:
-                pass
-        if len(buf) >= initial:
-            yield _pick(buf, rng)
-    while buf:
-        yield _pick(buf, rng)
+    """The buffered shuffle of ``data``, seeded by one draw from ``rng``.
+
+    It is shardpipes' counter-based shuffle (:func:`shardpipes.plan.seeds.buffered_shuffle`,
+    the one the loader resumes by seeking), not webdataset's own: the buffer fills to
+    ``bufsize`` before the first item comes out, so ``initial`` is accepted and not used.
+    """
+    if bufsize <= 1:
+        yield from data
+        return
+    yield from buffered_shuffle(data, rng.getrandbits(63), bufsize)
 
 
 def _unseeded() -> random.Random:
@@ -163,7 +151,7 @@ def _shuffle(
     if seed is not None:
         if rng is not None:
             raise ValueError("give shuffle either rng or seed, not both")
-        rng = random.Random(seed)
+        rng = random.Random(utils.make_seed(seed))
     elif rng is None:
         rng = _unseeded()
     return shuffle_iter(data, bufsize, initial, rng)
@@ -213,15 +201,19 @@ def _select(data: Iterable[Any], predicate: Callable[[Any], bool]) -> Iterator[A
 select = pipelinefilter(_select)
 
 
+def make_decoder(*args: Any, **kw: Any) -> autodecode.Decoder:
+    """The decoder of webdataset's ``decode(*args, **kw)``: handler strings become image handlers."""
+    handlers = [autodecode.ImageHandler(x) if isinstance(x, str) else x for x in args]
+    return autodecode.Decoder(handlers, **kw)
+
+
 def _decode(
     data: Iterable[Any],
     *args: Any,
     handler: Callable[[BaseException], bool] = reraise_exception,
     **kw: Any,
 ) -> Iterator[Any]:
-    handlers = [autodecode.ImageHandler(x) if isinstance(x, str) else x for x in args]
-    decoder = autodecode.Decoder(handlers, **kw)
-    for _, decoded in _guarded(data, decoder, handler):
+    for _, decoded in _guarded(data, make_decoder(*args, **kw), handler):
         yield decoded
 
 
@@ -248,7 +240,9 @@ def _listify(v: Any) -> list[str]:
     return v.split(";") if isinstance(v, str) else list(v)
 
 
-class _Renamer:
+class Renamer:
+    """``rename(keep, image="jpg;png")``'s function of one sample."""
+
     def __init__(self, keep: bool, kw: dict[str, Any]) -> None:
         self.keep = keep
         self.kw = kw
@@ -263,38 +257,72 @@ class _Renamer:
         return result
 
 
+_Renamer = Renamer
+
+
 def _rename(
     data: Iterable[Any],
     handler: Callable[[BaseException], bool] = reraise_exception,
     keep: bool = True,
     **kw: Any,
 ) -> Iterator[Any]:
-    for _, result in _guarded(data, _Renamer(keep, kw), handler):
+    for _, result in _guarded(data, Renamer(keep, kw), handler):
         yield result
 
 
 rename = pipelinefilter(_rename)
 
 
-def _map_dict(
-    data: Iterable[Any], handler: Callable[[BaseException], bool] = reraise_exception, **kw: Any
-) -> Iterator[Any]:
-    if not kw:
-        raise ValueError("map_dict needs at least one field=function")
-    for key, f in kw.items():
-        if not callable(f):
-            raise TypeError(f"map_dict: {key}={f!r} is not callable")
+class MapDict:
+    """``map_dict(jpg=f, ...)``'s function of one sample: ``sample[k] = f(sample[k])``."""
 
-    def apply(sample: dict[str, Any]) -> dict[str, Any]:
-        for k, f in kw.items():
+    def __init__(self, kw: dict[str, Callable[[Any], Any]]) -> None:
+        if not kw:
+            raise ValueError("map_dict needs at least one field=function")
+        for key, f in kw.items():
+            if not callable(f):
+                raise TypeError(f"map_dict: {key}={f!r} is not callable")
+        self.kw = kw
+
+    def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
+        for k, f in self.kw.items():
             sample[k] = f(sample[k])
         return sample
 
+
+def _map_dict(
+    data: Iterable[Any], handler: Callable[[BaseException], bool] = reraise_exception, **kw: Any
+) -> Iterator[Any]:
+    apply = MapDict(kw)
     for _, result in _guarded(data, apply, handler):
         yield result
 
 
 map_dict = pipelinefilter(_map_dict)
+
+
+class ToTuple:
+    """``to_tuple("jpg;png", "cls")``'s function of one sample."""
+
+    def __init__(
+        self,
+        args: tuple[Any, ...],
+        missing_is_error: bool = True,
+        none_is_error: bool | None = None,
+    ) -> None:
+        if len(args) == 1 and isinstance(args[0], str) and " " in args[0]:
+            args = tuple(args[0].split())
+        self.args = args
+        self.missing_is_error = missing_is_error
+        self.none_is_error = missing_is_error if none_is_error is None else none_is_error
+
+    def __call__(self, sample: dict[str, Any]) -> tuple[Any, ...]:
+        result = tuple(
+            getfirst(sample, f, missing_is_error=self.missing_is_error) for f in self.args
+        )
+        if self.none_is_error and any(x is None for x in result):
+            raise ValueError(f"to_tuple {self.args} got {sample.keys()}")
+        return result
 
 
 def _to_tuple(
@@ -304,17 +332,7 @@ def _to_tuple(
     missing_is_error: bool = True,
     none_is_error: bool | None = None,
 ) -> Iterator[Any]:
-    if none_is_error is None:
-        none_is_error = missing_is_error
-    if len(args) == 1 and isinstance(args[0], str) and " " in args[0]:
-        args = tuple(args[0].split())
-
-    def pick(sample: dict[str, Any]) -> tuple[Any, ...]:
-        result = tuple(getfirst(sample, f, missing_is_error=missing_is_error) for f in args)
-        if none_is_error and any(x is None for x in result):
-            raise ValueError(f"to_tuple {args} got {sample.keys()}")
-        return result
-
+    pick = ToTuple(args, missing_is_error, none_is_error)
     for _, result in _guarded(data, pick, handler):
         yield result
 
@@ -322,22 +340,30 @@ def _to_tuple(
 to_tuple = pipelinefilter(_to_tuple)
 
 
-def _map_tuple(
-    data: Iterable[Any], *args: Any, handler: Callable[[BaseException], bool] = reraise_exception
-) -> Iterator[Any]:
-    fns = [f if f is not None else utils.identity for f in args]
-    for f in fns:
-        if not callable(f):
-            raise TypeError(f"map_tuple: {f!r} is not callable")
+class MapTuple:
+    """``map_tuple(f, g)``'s function of one tuple sample: ``(f(t[0]), g(t[1]), ...)``."""
 
-    def apply(sample: Any) -> tuple[Any, ...]:
+    def __init__(self, args: tuple[Any, ...]) -> None:
+        fns = [f if f is not None else utils.identity for f in args]
+        for f in fns:
+            if not callable(f):
+                raise TypeError(f"map_tuple: {f!r} is not callable")
+        self.fns = fns
+
+    def __call__(self, sample: Any) -> tuple[Any, ...]:
         if not isinstance(sample, list | tuple):
             raise TypeError(f"map_tuple needs tuple samples, got {type(sample).__name__}")
+        fns = self.fns
         out = list(sample)
         for i in range(min(len(fns), len(out))):
             out[i] = fns[i](out[i])
         return tuple(out)
 
+
+def _map_tuple(
+    data: Iterable[Any], *args: Any, handler: Callable[[BaseException], bool] = reraise_exception
+) -> Iterator[Any]:
+    apply = MapTuple(args)
     for _, result in _guarded(data, apply, handler):
         yield result
 

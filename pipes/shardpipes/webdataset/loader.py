@@ -5,8 +5,12 @@ under ``torch.distributed`` the graph's split is applied with the rank as well, 
 ``nodesplitter``. Stages chained on the loader (``.unbatched().shuffle(1000).batched(64)``) run
 in the main process after the pool. Under DDP the very last stage makes every rank yield the
 same number of batches (the ranks agree, in one small gloo collective per 16 batches, to stop
-when the first runs out), so an epoch never hangs a gradient all-reduce, with or without
-``with_epoch``/``ddp_equalize``.
+when the first runs out; with a shard index and nothing after the pool, every rank's length
+is known and no per-batch collective is needed), so an epoch never hangs a gradient
+all-reduce, with or without ``with_epoch``/``ddp_equalize``.
+
+``state_dict()``/``load_state_dict()`` are ``DataLoader2``'s: with a shard index a resumed loader
+seeks to where the state was taken, on the same or another number of ranks and workers.
 """
 
 from __future__ import annotations
@@ -30,43 +34,23 @@ from shardpipes.dataloader2 import (
 )
 from shardpipes.datapipes.iter import FullSync
 from shardpipes.datapipes.iter.base import StageIterDataPipe
+from shardpipes.errors import ShardpipesWarning
+from shardpipes.webdataset._stages import Batcher, Collate
 from shardpipes.webdataset.pipeline import FluidInterface
 
 __all__ = ["WebLoader"]
+
+_NOT_RESUMABLE = "shardpipes-webloader-not-resumable"
 
 
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-class _Batch(StageIterDataPipe[Any]):
-    """torch ``DataLoader``'s batching, inside the workers: ``batch_size`` items, collated."""
-
-    def __init__(
-        self,
-        source_datapipe: IterDataPipe[Any],
-        batch_size: int,
-        drop_last: bool,
-        collate_fn: Callable[[list[Any]], Any],
-    ) -> None:
-        self.source_datapipe = source_datapipe
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        self.collate_fn = collate_fn
-
-    def __iter__(self) -> Iterator[Any]:
-        batch: list[Any] = []
-        for item in self.source_datapipe:
-            batch.append(item)
-            if len(batch) == self.batch_size:
-                yield self.collate_fn(batch)
-                batch = []
-        if batch and not self.drop_last:
-            yield self.collate_fn(batch)
-
-
 class _Convert(StageIterDataPipe[Any]):
     """torch ``DataLoader``'s ``batch_size=None``: each item through ``collate_fn`` (``default_convert``)."""
+
+    one_to_one = True
 
     def __init__(
         self, source_datapipe: IterDataPipe[Any], collate_fn: Callable[[Any], Any]
@@ -187,7 +171,9 @@ class WebLoader(FluidInterface):
             )
         graph = dataset
         if batch_size is not None:
-            graph = _Batch(graph, batch_size, drop_last, collate_fn or default_collate)
+            graph = Collate(  # torch DataLoader's batching, inside the workers
+                Batcher(graph, batch_size, not drop_last), collate_fn or default_collate
+            )
         else:
             graph = _Convert(graph, collate_fn or default_convert)
         self.dataset = dataset
@@ -230,11 +216,11 @@ class WebLoader(FluidInterface):
                 pin_memory=self.pin_memory,
                 timeout=self.timeout,
             )
-            rs = (
-                SequentialReadingService(DistributedReadingService(equalize=False), mp)
-                if _distributed()
-                else mp
-            )
+            # With nothing after the pool the reading service evens out the ranks itself (from
+            # the index when there is one): what the loader yields is then what it counts, and
+            # its state names the position exactly.
+            ranks = DistributedReadingService(equalize=self._plain(), policy=self.policy)
+            rs = SequentialReadingService(ranks, mp) if _distributed() else mp
             loader = DataLoader2(self.graph, reading_service=rs)
             loader.seed(self.seed)
             self._box[0] = loader
@@ -276,8 +262,49 @@ class WebLoader(FluidInterface):
 
         yield from islice(passes(), self.nsamples) if self.nsamples > 0 else passes()
 
+    def _plain(self) -> bool:
+        """Whether the loader yields the reading service's items as they are (no stage after the pool)."""
+        return not self.pipeline and self.repetitions == 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position of this loader (``DataLoader2.state_dict``): save it with the model.
+
+        With stages after the worker pool (``loader.unbatched().shuffle(...)``, ``with_epoch``,
+        ``ddp_equalize``), which hold items in the main process that a position cannot name,
+        the state only says so (with a warning now), and :meth:`load_state_dict` refuses it: a
+        checkpoint (Lightning's too) can still be written, and is never resumed wrongly.
+        """
+        why = self._not_resumable()
+        if why is not None:
+            warnings.warn(f"WebLoader.state_dict(): {why}", ShardpipesWarning, stacklevel=2)
+            return {"format": _NOT_RESUMABLE, "reason": why}
+        return self._dataloader().state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` at the next ``iter()`` (``DataLoader2.load_state_dict``).
+
+        Raises:
+            ValueError: The state, or this loader, has stages after the worker pool (see
+                :meth:`state_dict`); or ``DataLoader2.load_state_dict`` refuses it, saying why.
+        """
+        why = state.get("reason") if state.get("format") == _NOT_RESUMABLE else None
+        why = why or self._not_resumable()
+        if why is not None:
+            raise ValueError(f"WebLoader.load_state_dict(): cannot resume: {why}")
+        self._dataloader().load_state_dict(state)
+
+    def _not_resumable(self) -> str | None:
+        if self._plain():
+            return None
+        return (
+            "the loader has stages after the worker pool (loader.unbatched()/shuffle()/"
+            "batched()/map(), with_epoch, repeat or ddp_equalize), which run in the main "
+            "process and hold items a saved position cannot name; put them on the dataset "
+            "(they then run in the workers and resume)"
+        )
+
     def __iter__(self) -> Iterator[Any]:
-        if not _distributed():
+        if not _distributed() or self._plain():
             yield from self._chain()
             return
         if self._group is None:

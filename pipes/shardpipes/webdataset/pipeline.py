@@ -7,9 +7,9 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from shardpipes.datapipes.iter.base import StageIterDataPipe
 from shardpipes.errors import ShardpipesWarning
-from shardpipes.webdataset import _graph, autodecode, filters
+from shardpipes.webdataset import _graph, filters
+from shardpipes.webdataset._stages import PassThrough
 from shardpipes.webdataset.handlers import reraise_exception
 
 __all__ = ["DataPipeline", "FluidInterface"]
@@ -65,9 +65,9 @@ class FluidInterface:
         handler: Callable[[BaseException], bool] = reraise_exception,
     ) -> Any:
         """Decode fields with webdataset's handler strings (``"pil"``, ``"rgb8"``, ...) and functions."""
-        handlers = [autodecode.ImageHandler(x) if isinstance(x, str) else x for x in args]
-        decoder = autodecode.Decoder(handlers, pre=pre, post=post, only=only, partial=partial)
-        return self.map(decoder, handler=handler)
+        return self.compose(
+            filters.decode(*args, pre=pre, post=post, only=only, partial=partial, handler=handler)
+        )
 
     def map_dict(
         self, handler: Callable[[BaseException], bool] = reraise_exception, **kw: Any
@@ -130,8 +130,12 @@ class _Stages:
         self.items = items
 
 
-class DataPipeline(FluidInterface, StageIterDataPipe[Any]):  # type: ignore[misc]  # webdataset's map/shuffle
+class DataPipeline(FluidInterface, PassThrough):  # type: ignore[misc]  # webdataset's map/shuffle
     """A pipeline of webdataset stages, built as a shardpipes DataPipe graph.
+
+    To the loader it is one-to-one over its graph (or over the repetition that ``with_epoch``
+    and ``repeat`` put around it), so a pipeline over an indexed dataset keeps its exact length
+    and resumes by seeking.
 
     ``DataPipeline(wds.SimpleShardList(urls), wds.split_by_node, wds.split_by_worker,
     wds.tarfile_to_samples(), wds.shuffle(1000), wds.decode("pil"), wds.to_tuple("jpg", "cls"))``
@@ -156,7 +160,18 @@ class DataPipeline(FluidInterface, StageIterDataPipe[Any]):  # type: ignore[misc
         self.repetitions = 1
         self.nsamples = -1
         self.size: int | None = None
-        self.source_datapipe, self.sharder = _graph.build(self.pipeline)
+        self.graph, self.sharder = _graph.build(self.pipeline)
+        self._wrap()
+
+    def _wrap(self) -> None:
+        # The one child the loader walks to: the graph, or (with_epoch, repeat) a stage that
+        # iterates it again and again, which the loader knows is not one-to-one.
+        graph = self.graph
+        self.source_datapipe = (
+            graph
+            if graph is None or self.repetitions == 1
+            else _graph.RepeatEpochs(graph, self.repetitions, self.nsamples)
+        )
 
     @property
     def pipeline(self) -> list[Any]:
@@ -166,16 +181,16 @@ class DataPipeline(FluidInterface, StageIterDataPipe[Any]):  # type: ignore[misc
     def append(self, f: Any) -> None:
         """Add a stage in place (used while constructing)."""
         self.pipeline.append(f)
-        self.source_datapipe, self.sharder = _graph.build([f], self.source_datapipe, self.sharder)
+        self.graph, self.sharder = _graph.build([f], self.graph, self.sharder)
+        self._wrap()
 
     def compose(self, *args: Any) -> Any:
         """A copy of this pipeline with ``args`` appended."""
         result = object.__new__(type(self))
         result.__dict__.update(self.__dict__)
         result._stages = _Stages([*self.pipeline, *args])
-        result.source_datapipe, result.sharder = _graph.build(
-            args, self.source_datapipe, self.sharder
-        )
+        result.graph, result.sharder = _graph.build(args, self.graph, self.sharder)
+        result._wrap()
         return result
 
     def stage(self, i: int) -> Any:
@@ -189,11 +204,7 @@ class DataPipeline(FluidInterface, StageIterDataPipe[Any]):  # type: ignore[misc
                 step.close()
 
     def __iter__(self) -> Iterator[Any]:
-        if self.source_datapipe is None:
-            return
-        if self.repetitions != 1:
-            yield from _graph.repeat_epochs(self.source_datapipe, self.repetitions, self.nsamples)
-        else:
+        if self.source_datapipe is not None:
             yield from self.source_datapipe
 
     def __len__(self) -> int:
@@ -217,10 +228,12 @@ class DataPipeline(FluidInterface, StageIterDataPipe[Any]):  # type: ignore[misc
         """Make an epoch exactly ``nsamples`` items per reader, repeating the data as needed."""
         self.repetitions = sys.maxsize
         self.nsamples = max(nsamples, nbatches)
+        self._wrap()
         return self
 
     def repeat(self, nepochs: int = -1, nbatches: int = -1) -> Any:
         """Repeat the data ``nepochs`` times (for ever if ``nepochs <= 0``), at most ``nbatches`` items."""
         self.repetitions = nepochs if nepochs > 0 else sys.maxsize
         self.nsamples = nbatches
+        self._wrap()
         return self
