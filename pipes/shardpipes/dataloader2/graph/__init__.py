@@ -216,6 +216,11 @@ def resume_shape(
         node = source_of(node)
     plan = exact_length_plan(node)
     if plan is None:
+        refusal = next(
+            (r for dp in stages_of(node) if (r := getattr(dp, "seek_refusal", None))), None
+        )
+        if refusal:
+            return str(refusal)
         return (
             "the graph is not sharding_by_index -> open_files_by_fsspec -> load_from_tar -> "
             "webdataset followed only by one-to-one stages and at most one batch()"
