@@ -1,0 +1,434 @@
+"""Mixtures of sources: which source fills each position of an epoch, as pure functions of integers.
+
+A mixture reads ``N`` sources. Each epoch:
+
+1. Every source contributes a fixed number of samples ``counts[i]`` (:meth:`Mixture.counts`):
+   per-epoch proportions (``repeat``: that many times its size, ``choose``: that many
+   samples), weights (the epoch's ``samples_per_epoch`` apportioned by weight), or weights
+   scheduled by step (the weights integrated over the epoch's steps). A source's samples of
+   the epoch are its own epoch sequence (its shards in the epoch's order, laid end to end)
+   read from the start and around again when it contributes more than it has: position
+   ``p`` is sample ``p % size`` of that sequence.
+2. Those positions are split between the ``readers`` exactly (:class:`MixSplit`): each reader
+   gets an equal total, one contiguous stretch of every source (plus one more run for its share
+   of the remainders), so it reads every source as a single stream is read. Fewer than
+   ``readers`` positions of the epoch are left out to keep readers equal ("drop"), taken
+   first from sources that are not read exactly once.
+3. Each reader interleaves its stretches (:func:`interleave`): the ``j``-th sample of source
+   ``i`` of ``q`` arrives at time ``P_i^-1((j + u) / q)``, ``u`` a counter-based draw in
+   ``[0, 1)`` and ``P_i`` the source's cumulative share of the reader's time (linear for
+   constant weights, the schedule's integral otherwise); the reader yields samples in arrival
+   order. So every source is spread evenly over the reader's epoch, a window of ``n``
+   samples holds ``n * w_i`` of source ``i`` up to the jitter, and a schedule's new weights
+   take over where its step falls.
+
+Nothing depends on what a worker drew: a reader's sequence is a function of ``(seed, epoch,
+segment, reader, counts)``. The state of a mixture is the loader's (epoch and items consumed
+per stretch of the epoch, :class:`~shardpipes.plan.resume.Segment`); :func:`mix_reader`
+derives from it what each source has left and splits that again for any new topology.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardpipes.plan.readers import check_int
+from shardpipes.plan.resume import Runs, Segment, Shape, next_worker, worker_batches
+from shardpipes.plan.seeds import derive_seed, shuffle_draws
+
+__all__ = [
+    "MixReader",
+    "MixSplit",
+    "Mixture",
+    "apportion",
+    "interleave",
+    "mix_reader",
+]
+
+_MIX_TAG = 0x4D495854  # "MIXT": the mixture's seed part, apart from the stages' numbers
+
+Schedule = Sequence[tuple[int, Sequence[float]]] | Callable[[int], Sequence[float]]
+
+
+def apportion(shares: Sequence[float], total: int) -> list[int]:
+    """``total`` split in proportion to ``shares`` (largest remainders, ties to the lower index).
+
+    Examples:
+        >>> apportion([0.5, 0.3, 0.2], 7)
+        [4, 2, 1]
+    """
+    s = float(sum(shares))
+    if s <= 0:
+        raise ValueError(f"shares {list(shares)} should have a positive sum")
+    exact = [total * x / s for x in shares]
+    out = [math.floor(x) for x in exact]
+    order = sorted(range(len(exact)), key=lambda i: (-(exact[i] - out[i]), i))
+    for i in order[: total - sum(out)]:
+        out[i] += 1
+    return out
+
+
+def _normalized(weights: Sequence[float], n: int, what: str) -> tuple[float, ...]:
+    ws = tuple(float(w) for w in weights)
+    if len(ws) != n:
+        raise ValueError(f"{what} has {len(ws)} weights for {n} sources")
+    if any(not math.isfinite(w) or w < 0 for w in ws) or sum(ws) <= 0:
+        raise ValueError(f"{what} {list(ws)} should be finite, >= 0 and not all 0")
+    s = sum(ws)
+    return tuple(w / s for w in ws)
+
+
+@dataclass(frozen=True)
+class Mixture:
+    """How ``sources`` sources mix: one of weights, per-epoch proportions, or a weight schedule.
+
+    Args:
+        sources: The number of sources.
+        weights: Per-sample probabilities (normalised). With ``samples_per_epoch`` (default:
+            the sources' sizes summed) they give each epoch's counts.
+        repeat: Per-epoch proportions: source ``i`` contributes ``round(repeat[i] * size)``
+            samples (``1``: each sample once; ``2``: twice; ``0.5``: half of them, other
+            ones each epoch). ``None`` entries take ``choose``.
+        choose: Per-epoch proportions as counts (``choose[i]`` samples of source ``i``).
+        schedule: Weights by step: ``[(0, w0), (s1, w1), ...]`` (``w0`` from step 0, ``w1``
+            from step ``s1``, ...) or a function ``step -> weights`` (pure, picklable).
+        samples_per_epoch: Samples of an epoch with ``weights`` or ``schedule``.
+        step_samples: Samples of one step (the global batch: ranks x batch size), the unit
+            of ``schedule``'s steps. Steps count from the first epoch: epoch ``e`` starts at
+            step ``e * samples_per_epoch // step_samples``.
+        even: Interleave without jitter: equal counts then alternate in source order (round
+            robin).
+    """
+
+    sources: int
+    weights: tuple[float, ...] | None = None
+    repeat: tuple[float | None, ...] | None = None
+    choose: tuple[int | None, ...] | None = None
+    schedule: Schedule | None = None
+    samples_per_epoch: int | None = None
+    step_samples: int = 1
+    even: bool = False
+
+    def __post_init__(self) -> None:
+        n = check_int("sources", self.sources, 1)
+        modes = [
+            m
+            for m, v in (
+                ("weights", self.weights),
+                ("repeat/choose", self.repeat or self.choose),
+                ("schedule", self.schedule),
+            )
+            if v is not None
+        ]
+        if len(modes) > 1:
+            raise ValueError(f"a mixture takes one of weights, repeat/choose, schedule; got {modes}")
+        if self.weights is not None:
+            object.__setattr__(self, "weights", _normalized(self.weights, n, "weights"))
+        for name in ("repeat", "choose"):
+            value = getattr(self, name)
+            if value is not None and len(value) != n:
+                raise ValueError(f"{name} has {len(value)} entries for {n} sources")
+        for i in range(n):
+            r = self.repeat[i] if self.repeat else None
+            c = self.choose[i] if self.choose else None
+            if r is not None and c is not None:
+                raise ValueError(f"source {i} has both repeat ({r}) and choose ({c})")
+            if r is not None and (not math.isfinite(r) or r < 0):
+                raise ValueError(f"repeat[{i}] ({r}) should be a finite number >= 0")
+            if c is not None:
+                check_int(f"choose[{i}]", c, 0)
+        if isinstance(self.schedule, Sequence):
+            steps = [check_int("schedule step", s, 0) for s, _ in self.schedule]
+            if not steps or steps[0] != 0 or steps != sorted(set(steps)):
+                raise ValueError(
+                    f"schedule steps {steps} should start at 0 and increase; write "
+                    "[(0, weights), (step, weights), ...]"
+                )
+            for s, w in self.schedule:
+                _normalized(w, n, f"schedule weights at step {s}")
+        if self.samples_per_epoch is not None:
+            check_int("samples_per_epoch", self.samples_per_epoch, 1)
+        check_int("step_samples", self.step_samples, 1)
+
+    @property
+    def mode(self) -> str:
+        """``"weights"``, ``"proportions"`` or ``"schedule"``."""
+        if self.schedule is not None:
+            return "schedule"
+        if self.weights is not None:
+            return "weights"
+        return "proportions"
+
+    def exact_once(self) -> list[bool]:
+        """Which sources are read exactly once per epoch (``repeat`` 1, the default)."""
+        if self.mode != "proportions":
+            return [False] * self.sources
+        return [
+            (self.choose is None or self.choose[i] is None)
+            and (self.repeat is None or self.repeat[i] in (None, 1))
+            for i in range(self.sources)
+        ]
+
+    def epoch_samples(self, sizes: Sequence[int]) -> int:
+        """Samples of an epoch with weights or a schedule: ``samples_per_epoch`` or the sizes summed."""
+        return self.samples_per_epoch if self.samples_per_epoch is not None else int(sum(sizes))
+
+    def weights_at(self, step: int) -> tuple[float, ...]:
+        """The (normalised) weights in force at ``step``."""
+        sched = self.schedule
+        if sched is None:
+            return self.weights or tuple(1 / self.sources for _ in range(self.sources))
+        if callable(sched):
+            return _normalized(sched(step), self.sources, f"schedule({step})")
+        current = sched[0][1]
+        for s, w in sched:
+            if s > step:
+                break
+            current = w
+        return _normalized(current, self.sources, f"schedule weights at step {step}")
+
+    def pieces(self, start: int, stop: int) -> list[tuple[int, int, tuple[float, ...]]]:
+        """Global samples ``[start, stop)`` as ``(start, stop, weights)`` stretches of constant weights."""
+        unit = self.step_samples
+        sched = self.schedule
+        if isinstance(sched, Sequence) and not callable(sched):
+            cuts = [s * unit for s, _ in sched if start < s * unit < stop]
+        else:  # a function (or constant weights): every step boundary in the range
+            first = start // unit + 1
+            cuts = [k * unit for k in range(first, -(-stop // unit))] if callable(sched) else []
+        bounds = [start, *cuts, stop]
+        out: list[tuple[int, int, tuple[float, ...]]] = []
+        for a, b in zip(bounds, bounds[1:], strict=False):
+            if b <= a:
+                continue
+            w = self.weights_at(a // unit)
+            if out and out[-1][2] == w:
+                out[-1] = (out[-1][0], b, w)
+            else:
+                out.append((a, b, w))
+        return out
+
+    def counts(self, sizes: Sequence[int], epoch: int) -> list[int]:
+        """Samples each source contributes to epoch ``epoch``, given the sources' sizes.
+
+        Raises:
+            ValueError: A source with no samples asked for some.
+        """
+        if len(sizes) != self.sources:
+            raise ValueError(f"{len(sizes)} sizes for {self.sources} sources")
+        if self.mode == "proportions":
+            out = []
+            for i, size in enumerate(sizes):
+                c = self.choose[i] if self.choose else None
+                r = self.repeat[i] if self.repeat else None
+                out.append(c if c is not None else math.floor((1 if r is None else r) * size + 0.5))
+        else:
+            total = self.epoch_samples(sizes)
+            g0 = epoch * total
+            shares = [0.0] * self.sources
+            for a, b, w in self.pieces(g0, g0 + total):
+                for i, x in enumerate(w):
+                    shares[i] += x * (b - a)
+            out = apportion(shares, total)
+        for i, (n, size) in enumerate(zip(out, sizes, strict=True)):
+            if n and not size:
+                raise ValueError(f"source {i} has no samples but the mixture asks {n} of it")
+        return out
+
+    def profile(
+        self, start: int, span: int, counts: Sequence[int]
+    ) -> list[tuple[np.ndarray, np.ndarray]] | None:
+        """Each source's cumulative share of global samples ``[start, start + span)``: ``(xs, ys)``.
+
+        ``None`` when the weights do not change (every share is linear). A source with no
+        weight in the stretch but samples to read (``counts``) is spread linearly.
+        """
+        if self.schedule is None or span <= 0:
+            return None
+        pieces = self.pieces(start, start + span)
+        if len(pieces) == 1:
+            return None
+        xs = np.asarray([0.0] + [(b - start) / span for _, b, _ in pieces])
+        out = []
+        for i in range(self.sources):
+            mass = np.cumsum([0.0] + [w[i] * (b - a) for a, b, w in pieces])
+            if mass[-1] <= 0 or not counts[i]:
+                out.append((np.asarray([0.0, 1.0]), np.asarray([0.0, 1.0])))
+                continue
+            ys = mass / mass[-1]
+            keep = np.r_[True, np.diff(ys) > 0]  # flat stretches: no arrivals there
+            out.append((xs[keep], ys[keep]))
+        return out
+
+
+def interleave(
+    quotas: Sequence[int],
+    seed: int,
+    profile: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
+    *,
+    even: bool = False,
+) -> np.ndarray:
+    """The source of each of a reader's ``sum(quotas)`` positions, in order.
+
+    Examples:
+        >>> interleave([2, 2], 0, even=True).tolist()
+        [0, 1, 0, 1]
+        >>> np.bincount(interleave([5, 3, 2], 7)).tolist()
+        [5, 3, 2]
+    """
+    keys, srcs = [], []
+    for i, q in enumerate(quotas):
+        if not q:
+            continue
+        j = np.arange(q, dtype=np.float64)
+        u = 0.0 if even else shuffle_draws(derive_seed([seed, i]), 0, q)
+        y = (j + u) / q
+        if profile is not None:
+            xs, ys = profile[i]
+            y = np.interp(y, ys, xs)
+        keys.append(y)
+        srcs.append(np.full(q, i, dtype=np.int32))
+    if not keys:
+        return np.zeros(0, np.int32)
+    key, src = np.concatenate(keys), np.concatenate(srcs)
+    return src[np.lexsort((src, key))]
+
+
+class MixSplit:
+    """One stretch of an epoch split between ``readers``: each source's positions ``left[i]``.
+
+    Reader ``r`` gets ``left[i][r*b_i : (r+1)*b_i]`` of every source (``b_i = len // readers``)
+    and its share of the remainders, laid out source after source (``order``) and cut into
+    equal pieces; what does not divide (fewer than ``readers``) is left out, from the end.
+    """
+
+    def __init__(self, left: Sequence[Runs], readers: int, order: Sequence[int]) -> None:
+        self.left = list(left)
+        self.readers = readers
+        sizes = [len(r) for r in left]
+        self.base = [n // readers for n in sizes]
+        extras = [n - b * readers for n, b in zip(sizes, self.base, strict=True)]
+        per = sum(extras) // readers
+        self.per_reader = sum(self.base) + per
+        self.extra = per
+        self.dropped = sum(extras) - per * readers
+        # Where each source's remainder sits in the remainders' layout.
+        self._at = [0] * len(sizes)
+        pos = 0
+        for i in order:
+            self._at[i] = pos
+            pos += extras[i]
+        self._extras = extras
+
+    def quota(self, reader: int) -> list[int]:
+        """Positions of each source that ``reader`` reads."""
+        return [len(p) for p in self.piece(reader)]
+
+    def piece(self, reader: int) -> list[Runs]:
+        """Each source's positions that ``reader`` reads, in reading order."""
+        lo, hi = reader * self.extra, (reader + 1) * self.extra
+        out = []
+        for i, left in enumerate(self.left):
+            b, n = self.base[i], self.readers * self.base[i]
+            runs = left.slice(reader * b, (reader + 1) * b)
+            a0, a1 = self._at[i], self._at[i] + self._extras[i]
+            x0, x1 = max(lo, a0), min(hi, a1)
+            if x1 > x0:
+                runs = runs + left.slice(n + x0 - a0, n + x1 - a0)
+            out.append(runs)
+        return out
+
+
+@dataclass(frozen=True)
+class MixReader:
+    """What one reader reads of a (possibly resumed) mixture epoch.
+
+    ``pieces[i]``: source ``i``'s positions still to read, in order; ``sequence``: the source
+    of each sample still to yield; ``dropped``: positions the last split left out.
+    """
+
+    pieces: list[Runs]
+    sequence: np.ndarray
+    dropped: int
+
+    @property
+    def samples(self) -> int:
+        """Samples still to yield."""
+        return len(self.sequence)
+
+
+def _sequence(
+    mix: Mixture, split: MixSplit, reader: int, seed: int, start: int
+) -> tuple[list[Runs], np.ndarray]:
+    pieces = split.piece(reader)
+    quotas = [len(p) for p in pieces]
+    span = split.per_reader * split.readers
+    profile = mix.profile(start, span, quotas)
+    return pieces, interleave(quotas, seed, profile, even=mix.even)
+
+
+def mix_reader(
+    mix: Mixture,
+    counts: Sequence[int],
+    *,
+    seed: int,
+    epoch: int,
+    segments: Sequence[Segment],
+    reader: int,
+    shape: Shape,
+    epoch_start: int = 0,
+) -> MixReader:
+    """What ``reader`` of the last segment reads of the epoch whose sources contribute ``counts``.
+
+    ``segments`` are the epoch's stretches so far (one, not resumed: ``consumed == 0``);
+    ``shape`` says how a reader's samples become a rank's items; ``epoch_start`` is the global
+    sample where the epoch starts (for a schedule). Work: the reader's own share, plus, after
+    an elastic resume, the sequences of the earlier stretches' readers up to what they yielded.
+
+    Raises:
+        ValueError: A segment says more items were consumed than its readers had.
+    """
+    order = sorted(range(len(counts)), key=lambda i: (mix.exact_once()[i], i))
+    order.reverse()  # exact-once sources first in the remainders: the end is left out first
+    left = [Runs([(0, n)]) if n else Runs() for n in counts]
+    mixed = derive_seed([seed, epoch, _MIX_TAG])
+    start = epoch_start
+    for s, seg in enumerate(segments):
+        split = MixSplit(left, seg.readers, order)
+        workers = max(seg.num_workers, 1)
+        lengths = [split.per_reader] * seg.readers
+        batches = [shape.batches(n) for n in lengths[:workers]]
+        done = worker_batches(seg.consumed, batches)  # equal readers: every rank the same
+        yielded = [shape.samples(b, split.per_reader) for b in done]
+
+        def seq_of(r: int, s: int = s, split: MixSplit = split) -> tuple[list[Runs], np.ndarray]:
+            return _sequence(mix, split, r, derive_seed([mixed, s, r]), start)
+
+        if s == len(segments) - 1:
+            rank, worker = divmod(reader, workers)
+            role = rank * workers + (worker + next_worker(seg.consumed, batches)) % workers
+            pieces, seq = seq_of(role)
+            o = yielded[role % workers]
+            used = np.bincount(seq[:o], minlength=len(counts))
+            rest = [p.slice(int(c), len(p)) for p, c in zip(pieces, used, strict=True)]
+            return MixReader(rest, seq[o:], split.dropped)
+        starts: list[list[np.ndarray]] = [[] for _ in counts]
+        stops: list[list[np.ndarray]] = [[] for _ in counts]
+        for r in range(seg.readers):
+            o = yielded[r % workers]
+            pieces, seq = seq_of(r)
+            used = np.bincount(seq[:o], minlength=len(counts))
+            for i, (p, c) in enumerate(zip(pieces, used, strict=True)):
+                rest = p.slice(int(c), len(p))
+                starts[i].append(rest.starts)
+                stops[i].append(rest.stops)
+        left = [
+            Runs.of_arrays(np.concatenate(a or [np.zeros(0, np.int64)]), np.concatenate(b or [np.zeros(0, np.int64)]))
+            for a, b in zip(starts, stops, strict=True)
+        ]
+        start += sum(yielded) * seg.world_size
+    raise ValueError("mix_reader needs at least one segment")
