@@ -125,7 +125,9 @@ class Mixture:
             if v is not None
         ]
         if len(modes) > 1:
-            raise ValueError(f"a mixture takes one of weights, repeat/choose, schedule; got {modes}")
+            raise ValueError(
+                f"a mixture takes one of weights, repeat/choose, schedule; got {modes}"
+            )
         if self.weights is not None:
             object.__setattr__(self, "weights", _normalized(self.weights, n, "weights"))
         for name in ("repeat", "choose"):
@@ -405,7 +407,9 @@ def mix_reader(
         done = worker_batches(seg.consumed, batches)  # equal readers: every rank the same
         yielded = [shape.samples(b, split.per_reader) for b in done]
 
-        def seq_of(r: int, s: int = s, split: MixSplit = split) -> tuple[list[Runs], np.ndarray]:
+        def seq_of(
+            r: int, s: int = s, split: MixSplit = split, start: int = start
+        ) -> tuple[list[Runs], np.ndarray]:
             return _sequence(mix, split, r, derive_seed([mixed, s, r]), start)
 
         if s == len(segments) - 1:
@@ -423,11 +427,14 @@ def mix_reader(
             pieces, seq = seq_of(r)
             used = np.bincount(seq[:o], minlength=len(counts))
             for i, (p, c) in enumerate(zip(pieces, used, strict=True)):
-                rest = p.slice(int(c), len(p))
-                starts[i].append(rest.starts)
-                stops[i].append(rest.stops)
+                unread = p.slice(int(c), len(p))
+                starts[i].append(unread.starts)
+                stops[i].append(unread.stops)
         left = [
-            Runs.of_arrays(np.concatenate(a or [np.zeros(0, np.int64)]), np.concatenate(b or [np.zeros(0, np.int64)]))
+            Runs.of_arrays(
+                np.concatenate(a or [np.zeros(0, np.int64)]),
+                np.concatenate(b or [np.zeros(0, np.int64)]),
+            )
             for a, b in zip(starts, stops, strict=True)
         ]
         start += sum(yielded) * seg.world_size

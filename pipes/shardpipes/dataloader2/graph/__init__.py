@@ -37,6 +37,7 @@ from torch.utils.data.graph import DataPipe, DataPipeGraph, traverse_dps
 from torch.utils.data.graph_settings import get_all_graph_pipes
 
 from shardpipes.dataloader2._pool import WorkerPoolIterDataPipe
+from shardpipes.dataloader2.graph.mixing import apply_mix_plan, mixture_shape
 from shardpipes.dataloader2.graph.settings import set_datapipes_seed, set_graph_random_seed
 from shardpipes.dataloader2.graph.utils import find_dps, list_dps, remove_dp, replace_dp
 from shardpipes.datapipes.iter._index_length import exact_length_plan, source_of
@@ -127,6 +128,8 @@ def apply_epoch_plan(datapipe: IterDataPipe[Any], plan: EpochPlan) -> IterDataPi
     sharders = [dp for dp in stages_of(datapipe) if isinstance(dp, IndexSharderIterDataPipe)]
     for sharder in sharders:
         sharder.set_resume(None)
+    if apply_mix_plan(datapipe, plan):  # a mixture: the mix() plans its sources' reads
+        return datapipe
     if plan.resume:
         found = resume_shape(datapipe)
         if isinstance(found, str) or len(sharders) != 1:
@@ -209,6 +212,9 @@ def resume_shape(
     at most one ``batch()``) with no random stage after the sharder other than at most one
     ``shuffle()`` before the ``batch()``. Otherwise, the reason it cannot, for error messages.
     """
+    mixed = mixture_shape(datapipe)
+    if mixed is not None:
+        return mixed
     node: Any = datapipe
     while _main_side(node) or isinstance(node, FullSyncIterDataPipe):
         if isinstance(node, FullSyncIterDataPipe):
