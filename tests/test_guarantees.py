@@ -405,8 +405,6 @@ def mix_cases() -> list[Case]:
     rng = random.Random(27)
     cases = []
     for loader in LOADERS:
-        if loader == "nodes":
-            continue  # as_node has no mix() plan hand-off yet
         opts = frozenset(o for o in MIX_OPTIONS if rng.random() < 0.5)
         for chosen in (opts, frozenset(MIX_OPTIONS) - opts):
             if "unbatch" in chosen:

@@ -272,3 +272,44 @@ def test_mix_refuses_a_source_it_cannot_count(three):
     )
     with pytest.raises(ValueError, match=r"mix\(\) source 'x' should be sharding_by_index"):
         bad.mix(source(three, "b"), names=["x", "b"], weights=[0.5, 0.5])
+
+
+# --- under DistributedReadingService: 2 ranks x 2 workers -> 3 ranks x 1 worker -------------------
+
+
+def _dist_service(workers: int) -> Any:
+    from shardpipes.dataloader2 import DistributedReadingService, SequentialReadingService
+
+    dist = DistributedReadingService(timeout=60)
+    return SequentialReadingService(dist, _mp(workers)) if workers else dist
+
+
+def _dist_first(rank: int, world: int, three: Any, k: int) -> Any:
+    with DataLoader2(mixed(three), reading_service=_dist_service(2)) as dl:
+        dl.seed(3)
+        full = [list(b) for b in dl]
+    head, state = _head(mixed(three), _dist_service(2), k)
+    return full, head, state
+
+
+def _dist_rest(rank: int, world: int, three: Any, state: dict[str, Any]) -> Any:
+    (tail,) = _tail(mixed(three), _dist_service(1), state)
+    return tail
+
+
+@pytest.mark.distributed
+def test_mix_elastic_resume_under_distributed_2x2_to_3x1(three):
+    from _dist import run_ranks
+
+    first = run_ranks(_dist_first, 2, three, 3, timeout=200)
+    assert len({len(full) for full, _, _ in first}) == 1  # equal batches per rank
+    full = flat([b for f, _, _ in first for b in f])
+    assert {x for x in full if x[0] == "a"} == {f"a{i}" for i in range(32)}
+    state = first[0][2]
+    assert all(s == state for _, _, s in first)  # the same state on every rank
+    tails = run_ranks(_dist_rest, 3, three, state, timeout=200)
+    assert len({len(t) for t in tails}) == 1
+    got = flat([b for _, h, _ in first for b in h]) + flat([b for t in tails for b in t])
+    assert not (got - full), got - full
+    assert sum((full - got).values()) < 3
+    assert {x for x in got if x[0] == "a"} == {f"a{i}" for i in range(32)}
