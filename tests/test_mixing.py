@@ -313,3 +313,27 @@ def test_mix_elastic_resume_under_distributed_2x2_to_3x1(three):
     assert not (got - full), got - full
     assert sum((full - got).values()) < 3
     assert {x for x in got if x[0] == "a"} == {f"a{i}" for i in range(32)}
+
+
+def shuffled_source(three, name: str) -> Any:
+    return source(three, name).shuffle(buffer_size=5)
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_mix_with_a_sample_shuffle_replays_on_the_same_topology_and_refuses_another(three, where):
+    def graph() -> Any:
+        if where == "before":
+            dp = shuffled_source(three, "a").mix(shuffled_source(three, "b"), repeat=[1, 1])
+        else:
+            dp = source(three, "a").mix(source(three, "b"), repeat=[1, 1]).shuffle(buffer_size=5)
+        return dp.batch(4)
+
+    first = _epoch(graph(), 2)
+    assert first == _epoch(graph(), 2)
+    head, state = _head(graph(), _mp(2), 4)
+    assert head == first[:4]
+    (tail,) = _tail(graph(), _mp(2), state)
+    assert tail == first[4:]
+    with DataLoader2(graph(), reading_service=_mp(1)) as dl:
+        with pytest.raises(ValueError, match=r"cannot be repositioned yet.*replay"):
+            dl.load_state_dict(state)

@@ -17,6 +17,7 @@ from torch.utils.data.graph_settings import get_all_graph_pipes
 from shardpipes.dataloader2._pool import WorkerPoolIterDataPipe
 from shardpipes.datapipes.iter._index_length import ONE_TO_ONE, source_of
 from shardpipes.datapipes.iter._lean import LeanBatcherIterDataPipe
+from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
 from shardpipes.datapipes.iter.mix import MixerIterDataPipe, check_sources
 from shardpipes.datapipes.iter.prefetch import PinMemoryIterDataPipe, PrefetcherIterDataPipe
 from shardpipes.datapipes.iter.sync import ExactLengthIterDataPipe, FullSyncIterDataPipe
@@ -76,7 +77,26 @@ def mixture_shape(datapipe: IterDataPipe[Any]) -> tuple[Shape, None] | str | Non
         elif not isinstance(node, ONE_TO_ONE) and not _loader_side(node):
             return f"{type(node).__name__} after mix() may change the number of items"
         node = source_of(node)
+    for name, dp in zip(node.names, node.sources, strict=True):
+        drawn = [
+            type(s).__name__
+            for s in get_all_graph_pipes(traverse_dps(dp))
+            if callable(getattr(s, "set_seed", None)) and _after_sharder(s)
+        ]
+        if drawn:
+            return (
+                f"mix() source {name!r} has a {drawn[0]} after its sharding_by_index, which "
+                "cannot be repositioned yet; a mixture with a sample shuffle resumes by replay "
+                "on the same topology only"
+            )
     return Shape(batch[0], batch[1], None, None), None
+
+
+def _after_sharder(dp: Any) -> bool:
+    """Whether a ``sharding_by_index`` feeds ``dp`` (a sample-level stage, not a shard-level one)."""
+    return any(
+        isinstance(s, IndexSharderIterDataPipe) for s in get_all_graph_pipes(traverse_dps(dp))
+    )
 
 
 def apply_mix_plan(datapipe: IterDataPipe[Any], plan: EpochPlan) -> bool:
