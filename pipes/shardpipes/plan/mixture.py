@@ -47,6 +47,7 @@ __all__ = [
     "apportion",
     "interleave",
     "mix_reader",
+    "round_robin",
 ]
 
 _MIX_TAG = 0x4D495854  # "MIXT": the mixture's seed part, apart from the stages' numbers
@@ -102,6 +103,10 @@ class Mixture:
             step ``e * samples_per_epoch // step_samples``.
         even: Interleave without jitter: equal counts then alternate in source order (round
             robin).
+        until: With ``weights``, an epoch that ends with the sources (webdataset's
+            ``RandomMix``): ``"first"`` ends when the first source runs out (each source
+            contributes ``w_i * min_k(size_k / w_k)``); ``"last"`` reads every source once,
+            sharing a finished source's weight among the others.
     """
 
     sources: int
@@ -112,6 +117,7 @@ class Mixture:
     samples_per_epoch: int | None = None
     step_samples: int = 1
     even: bool = False
+    until: str | None = None
 
     def __post_init__(self) -> None:
         n = check_int("sources", self.sources, 1)
@@ -154,6 +160,13 @@ class Mixture:
                 _normalized(w, n, f"schedule weights at step {s}")
         if self.samples_per_epoch is not None:
             check_int("samples_per_epoch", self.samples_per_epoch, 1)
+        if self.until is not None:
+            if self.until not in ("first", "last"):
+                raise ValueError(f"until {self.until!r} should be 'first' or 'last'")
+            if self.weights is None or self.samples_per_epoch is not None:
+                raise ValueError("until= needs weights (and no samples_per_epoch)")
+            if self.until == "last" and min(self.weights) <= 0:
+                raise ValueError(f"until='last' needs positive weights, got {list(self.weights)}")
         check_int("step_samples", self.step_samples, 1)
 
     @property
@@ -222,7 +235,19 @@ class Mixture:
         """
         if len(sizes) != self.sources:
             raise ValueError(f"{len(sizes)} sizes for {self.sources} sources")
-        if self.mode == "proportions":
+        if self.until == "last":
+            out = [int(n) for n in sizes]
+        elif self.until == "first" and self.even:  # round robin, until a source has no next
+            first = min(range(len(sizes)), key=lambda i: (sizes[i], i))
+            out = [int(sizes[first]) + (i < first) for i in range(len(sizes))]
+        elif self.until == "first":
+            ws = self.weights or ()
+            span = min(size / w for size, w in zip(sizes, ws, strict=True) if w > 0)
+            out = [
+                min(int(size), math.floor(w * span + 0.5))
+                for size, w in zip(sizes, ws, strict=True)
+            ]
+        elif self.mode == "proportions":
             out = []
             for i, size in enumerate(sizes):
                 c = self.choose[i] if self.choose else None
@@ -249,6 +274,8 @@ class Mixture:
         ``None`` when the weights do not change (every share is linear). A source with no
         weight in the stretch but samples to read (``counts``) is spread linearly.
         """
+        if self.until == "last":
+            return _depleting(self.weights or (), counts)
         if self.schedule is None or span <= 0:
             return None
         pieces = self.pieces(start, start + span)
@@ -265,6 +292,58 @@ class Mixture:
             keep = np.r_[True, np.diff(ys) > 0]  # flat stretches: no arrivals there
             out.append((xs[keep], ys[keep]))
         return out
+
+
+def _depleting(
+    weights: Sequence[float], counts: Sequence[int]
+) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """Cumulative shares when each source is drawn by weight until it runs out (then the rest share it)."""
+    total = sum(counts)
+    live = {i for i, q in enumerate(counts) if q}
+    if len(live) < 2:
+        return None
+    done = [0.0] * len(counts)
+    t = 0.0
+    points: list[list[tuple[float, float]]] = [[(0.0, 0.0)] for _ in counts]
+    while live:
+        rate = sum(weights[i] for i in live)
+        dt = min((counts[i] - done[i]) * rate / weights[i] for i in live)
+        t += dt
+        for i in list(live):
+            done[i] += weights[i] / rate * dt
+            if done[i] >= counts[i] * (1 - 1e-12):
+                done[i] = counts[i]
+                live.discard(i)
+        for i, q in enumerate(counts):
+            if q:
+                points[i].append((t / total, done[i] / q))
+    out = []
+    for i, q in enumerate(counts):
+        if not q:
+            out.append((np.asarray([0.0, 1.0]), np.asarray([0.0, 1.0])))
+            continue
+        xs = np.asarray([x for x, _ in points[i]])
+        ys = np.asarray([y for _, y in points[i]])
+        keep = np.r_[True, np.diff(ys) > 0]
+        out.append((xs[keep], ys[keep]))
+    return out
+
+
+def round_robin(quotas: Sequence[int]) -> np.ndarray:
+    """Sources in turn, a source leaving the turn when its quota is read (webdataset's ``round_robin_longest``).
+
+    Examples:
+        >>> round_robin([3, 1, 2]).tolist()
+        [0, 1, 2, 0, 2, 0]
+    """
+    left = np.asarray(quotas, np.int64)
+    out = []
+    while (left > 0).any():
+        live = np.flatnonzero(left > 0)
+        rounds = int(left[live].min())
+        out.append(np.tile(live.astype(np.int32), rounds))
+        left[live] -= rounds
+    return np.concatenate(out) if out else np.zeros(0, np.int32)
 
 
 def interleave(
@@ -368,6 +447,8 @@ def _sequence(
 ) -> tuple[list[Runs], np.ndarray]:
     pieces = split.piece(reader)
     quotas = [len(p) for p in pieces]
+    if mix.even and mix.until == "last":
+        return pieces, round_robin(quotas)
     span = split.per_reader * split.readers
     profile = mix.profile(start, span, quotas)
     return pieces, interleave(quotas, seed, profile, even=mix.even)

@@ -109,6 +109,8 @@ class EmptyCheck(StageIterDataPipe[Any]):
     shards are few, and raising there is what makes webdataset's default hang DDP.
     """
 
+    one_to_one = True  # passes samples through (mix() counts samples through it)
+
     def __init__(self, source_datapipe: IterDataPipe[Any], sharder: Any) -> None:
         self.source_datapipe = source_datapipe
         self.sharder = sharder
@@ -186,6 +188,8 @@ _DECOMPRESSORS = {
 
 class Decompressed(StageIterDataPipe[Any]):
     """Decompress ``.tgz``/``.tar.gz``/``.bz2``/``.xz`` shards on the fly, as webdataset reads them."""
+
+    one_to_one = True  # one stream per stream (mix() counts samples through it)
 
     def __init__(self, source_datapipe: IterDataPipe[Any]) -> None:
         self.source_datapipe = source_datapipe

@@ -74,7 +74,9 @@ def mixture_shape(datapipe: IterDataPipe[Any]) -> tuple[Shape, None] | str | Non
                 f"{type(node).__name__} after mix() draws per reader and cannot be repositioned "
                 "yet; a mixture with a sample shuffle resumes by replay on the same topology only"
             )
-        elif not isinstance(node, ONE_TO_ONE) and not _loader_side(node):
+        elif not (
+            isinstance(node, ONE_TO_ONE) or _loader_side(node) or getattr(node, "one_to_one", False)
+        ):
             return f"{type(node).__name__} after mix() may change the number of items"
         node = source_of(node)
     for name, dp in zip(node.names, node.sources, strict=True):

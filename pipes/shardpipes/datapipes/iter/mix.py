@@ -20,24 +20,42 @@ from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import get_all_graph_pipes
 
 from shardpipes.datapipes.iter._base import StageIterDataPipe, check_picklable_fn, register
-from shardpipes.datapipes.iter._index_length import exact_length_plan
+from shardpipes.datapipes.iter._index_length import _RANGE_TO_SAMPLES, ONE_TO_ONE, source_of
 from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
 from shardpipes.plan.epoch import EpochPlan
 from shardpipes.plan.mixture import Mixture, Schedule, mix_reader
 from shardpipes.plan.resume import Segment, Shape
 
-__all__ = ["MixerIterDataPipe", "SourceChanged"]
+__all__ = ["MixerIterDataPipe", "SourceChanged", "check_sources", "mixable"]
 
 
 class SourceChanged(ValueError):
     """A mixture's source differs from the one a loader state was taken with."""
 
 
+def _counted(dp: Any) -> bool:
+    """Whether ``dp`` is ``sharding_by_index`` -> ... with stages that keep the count (one item per item)."""
+    node = dp
+    while isinstance(node, (*ONE_TO_ONE, *_RANGE_TO_SAMPLES)) or getattr(node, "one_to_one", False):
+        if isinstance(node, IndexSharderIterDataPipe):
+            return True
+        node = source_of(node)
+    return False
+
+
+def mixable(dp: IterDataPipe[Any]) -> bool:
+    """Whether ``dp`` can be a ``mix()`` source: one ``sharding_by_index``, then stages that keep the count."""
+    found = [
+        s for s in get_all_graph_pipes(traverse_dps(dp)) if isinstance(s, IndexSharderIterDataPipe)
+    ]
+    return len(found) == 1 and _counted(dp)
+
+
 def _sharder(dp: IterDataPipe[Any], name: str) -> IndexSharderIterDataPipe:
     found = [
         s for s in get_all_graph_pipes(traverse_dps(dp)) if isinstance(s, IndexSharderIterDataPipe)
     ]
-    if len(found) != 1 or exact_length_plan(dp) != (None, False):
+    if len(found) != 1 or not _counted(dp):
         raise ValueError(
             f"mix() source {name!r} should be sharding_by_index -> open_files_by_fsspec -> "
             "load_from_tar -> webdataset followed only by one-to-one stages (map, decode; no "
@@ -72,6 +90,8 @@ class MixerIterDataPipe(StageIterDataPipe[Any]):
             ``schedule``'s steps. Default: ``1`` (steps are global samples).
         even: Alternate the sources in order instead of at random (round robin). Default:
             ``False``.
+        until: With ``weights``: ``"first"`` ends the epoch when the first source runs out,
+            ``"last"`` reads every source once (webdataset's ``RandomMix(longest=...)``).
         names: Names of the sources in messages and states. Default: ``source0``, ...
 
     Yields:
@@ -105,6 +125,7 @@ class MixerIterDataPipe(StageIterDataPipe[Any]):
         samples_per_epoch: int | None = None,
         step_samples: int = 1,
         even: bool = False,
+        until: str | None = None,
         names: Sequence[str] | None = None,
     ) -> None:
         if not sources:
@@ -130,6 +151,7 @@ class MixerIterDataPipe(StageIterDataPipe[Any]):
             samples_per_epoch=samples_per_epoch,
             step_samples=step_samples,
             even=even,
+            until=until,
         )
         self._plan: EpochPlan | None = None
         self._shape = Shape(None, False, None, None)
