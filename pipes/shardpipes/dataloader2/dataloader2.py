@@ -444,7 +444,7 @@ class DataLoader2(Generic[T]):
             "segments": [seg.as_list() for seg in earlier],
             "skipped": skipped,
             "epochs_run": self._epochs_run - (1 if in_epoch else 0),
-            "mixture": mixture_state(self.datapipe),
+            "mixture": mixture_state(self._graph if self._graph is not None else self.datapipe),
             SERIALIZED_DATAPIPE_KEY_NAME: self._serialized if graph else None,
             READING_SERVICE_STATE_KEY_NAME: (
                 self.reading_service.checkpoint()
