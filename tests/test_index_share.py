@@ -55,7 +55,8 @@ def test_the_descriptor_is_read_once_per_job(tmp_path, http_server):
     for root, _, files in os.walk(tmp_path / "shards"):
         for name in files:
             full = os.path.join(root, name)
-            http_server.add(os.path.relpath(full, tmp_path / "shards"), open(full, "rb").read())
+            with open(full, "rb") as f:
+                http_server.add(os.path.relpath(full, tmp_path / "shards"), f.read())
     urls = [f"{http_server.url}/{os.path.basename(p)}" for p in paths]
     index_url = f"{http_server.url}/train.index.json"
     ShardIndex.load(index_url)
