@@ -162,3 +162,12 @@ def test_any_elastic_resume_is_exact(sizes, world, workers, world2, workers2, st
     read = _read(mix, counts, [(world, workers, consumed), (world2, workers2, 0)], batch=2)
     assert max(read.values(), default=1) == 1
     assert sum(counts) - len(read) <= readers - 1 + world2 * max(workers2, 1) - 1
+
+
+@pytest.mark.parametrize("first", [0, 1, 5, 160, 161, 449, 450, 500])
+def test_the_first_arrivals_are_those_of_the_whole_interleave(first):
+    q = [300, 100, 50]
+    assert (interleave(q, 3, first=first) == interleave(q, 3)[:first]).all()
+    mix = Mixture(3, schedule=[(0, (1, 0, 0)), (40, (0.2, 0.4, 0.4))], step_samples=4)
+    p = mix.profile(0, 450, q)
+    assert (interleave(q, 5, p, first=first) == interleave(q, 5, p)[:first]).all()

@@ -352,8 +352,13 @@ def interleave(
     profile: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
     *,
     even: bool = False,
+    first: int | None = None,
 ) -> np.ndarray:
-    """The source of each of a reader's ``sum(quotas)`` positions, in order.
+    """The source of each of a reader's ``sum(quotas)`` positions, in order (``first``: only the first ones).
+
+    With ``first``, only the arrivals before a time that holds at least ``first`` of them are
+    made (every source's arrival ``j`` comes after ``j / q`` of its share of the time), so
+    the cost follows ``first``, not the quotas.
 
     Examples:
         >>> interleave([2, 2], 0, even=True).tolist()
@@ -361,22 +366,48 @@ def interleave(
         >>> np.bincount(interleave([5, 3, 2], 7)).tolist()
         [5, 3, 2]
     """
+    total = sum(quotas)
+    if first is not None and first < total:
+        time = min(1.0, (first + 2 * len(quotas) + 16) / max(total, 1))
+        while True:
+            got = _arrivals(quotas, seed, profile, even, time)
+            if time >= 1.0 or len(got) >= first:
+                return got[:first]
+            time = min(1.0, time * 2)
+    return _arrivals(quotas, seed, profile, even, None)
+
+
+def _arrivals(
+    quotas: Sequence[int],
+    seed: int,
+    profile: Sequence[tuple[np.ndarray, np.ndarray]] | None,
+    even: bool,
+    before: float | None,
+) -> np.ndarray:
+    """Sources of the arrivals in order; with ``before``, only those that arrive before that time."""
     keys, srcs = [], []
     for i, q in enumerate(quotas):
         if not q:
             continue
-        j = np.arange(q, dtype=np.float64)
-        u = 0.0 if even else shuffle_draws(derive_seed([seed, i]), 0, q)
+        n = q
+        if before is not None:  # arrival j is at or after share j / q: later ones cannot count
+            share = before if profile is None else float(np.interp(before, *profile[i]))
+            n = min(q, math.floor(share * q) + 2)
+        j = np.arange(n, dtype=np.float64)
+        u = 0.0 if even else shuffle_draws(derive_seed([seed, i]), 0, n)
         y = (j + u) / q
         if profile is not None:
             xs, ys = profile[i]
             y = np.interp(y, ys, xs)
         keys.append(y)
-        srcs.append(np.full(q, i, dtype=np.int32))
+        srcs.append(np.full(n, i, dtype=np.int32))
     if not keys:
         return np.zeros(0, np.int32)
     key, src = np.concatenate(keys), np.concatenate(srcs)
-    return src[np.lexsort((src, key))]
+    order = np.lexsort((src, key))
+    if before is not None:
+        order = order[key[order] < before]
+    return src[order]
 
 
 class MixSplit:
@@ -443,15 +474,15 @@ class MixReader:
 
 
 def _sequence(
-    mix: Mixture, split: MixSplit, reader: int, seed: int, start: int
+    mix: Mixture, split: MixSplit, reader: int, seed: int, start: int, first: int | None = None
 ) -> tuple[list[Runs], np.ndarray]:
     pieces = split.piece(reader)
     quotas = [len(p) for p in pieces]
     if mix.even and mix.until == "last":
-        return pieces, round_robin(quotas)
+        return pieces, round_robin(quotas)[:first]
     span = split.per_reader * split.readers
     profile = mix.profile(start, span, quotas)
-    return pieces, interleave(quotas, seed, profile, even=mix.even)
+    return pieces, interleave(quotas, seed, profile, even=mix.even, first=first)
 
 
 def mix_reader(
@@ -489,9 +520,13 @@ def mix_reader(
         yielded = [shape.samples(b, split.per_reader) for b in done]
 
         def seq_of(
-            r: int, s: int = s, split: MixSplit = split, start: int = start
+            r: int,
+            s: int = s,
+            split: MixSplit = split,
+            start: int = start,
+            first: int | None = None,
         ) -> tuple[list[Runs], np.ndarray]:
-            return _sequence(mix, split, r, derive_seed([mixed, s, r]), start)
+            return _sequence(mix, split, r, derive_seed([mixed, s, r]), start, first)
 
         if s == len(segments) - 1:
             rank, worker = divmod(reader, workers)
@@ -505,7 +540,7 @@ def mix_reader(
         stops: list[list[np.ndarray]] = [[] for _ in counts]
         for r in range(seg.readers):
             o = yielded[r % workers]
-            pieces, seq = seq_of(r)
+            pieces, seq = seq_of(r, first=o)  # only what it yielded
             used = np.bincount(seq[:o], minlength=len(counts))
             for i, (p, c) in enumerate(zip(pieces, used, strict=True)):
                 unread = p.slice(int(c), len(p))
