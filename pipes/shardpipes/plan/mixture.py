@@ -38,7 +38,7 @@ import numpy as np
 
 from shardpipes.plan.readers import check_int
 from shardpipes.plan.resume import Runs, Segment, Shape, next_worker, worker_batches
-from shardpipes.plan.seeds import derive_seed, shuffle_draws
+from shardpipes.plan.seeds import derive_seed
 
 __all__ = [
     "MixReader",
@@ -377,6 +377,33 @@ def interleave(
     return _arrivals(quotas, seed, profile, even, None)
 
 
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix64(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser, elementwise (uint64)."""
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))  # type: ignore[no-any-return]
+
+
+def _hash(seed: int | np.ndarray, counter: np.ndarray) -> np.ndarray:
+    """Counter-based 64-bit values: SplitMix64 of ``seed + (counter + 1) * golden`` (elementwise)."""
+    with np.errstate(over="ignore"):
+        base = (
+            np.asarray(seed).astype(np.uint64)
+            if isinstance(seed, np.ndarray)
+            else np.uint64(seed & (2**64 - 1))
+        )
+        return _mix64(base + (counter.astype(np.uint64) + np.uint64(1)) * _GOLDEN)
+
+
+def _reader_seeds(mixed: int, segment: int, readers: np.ndarray) -> np.ndarray:
+    """The interleave seed of each reader of ``segment`` (uint64)."""
+    return _hash(int(_hash(mixed, np.asarray([segment]))[0]), readers)
+
+
 def _arrivals(
     quotas: Sequence[int],
     seed: int,
@@ -384,29 +411,39 @@ def _arrivals(
     even: bool,
     before: float | None,
 ) -> np.ndarray:
-    """Sources of the arrivals in order; with ``before``, only those that arrive before that time."""
-    keys, srcs = [], []
-    for i, q in enumerate(quotas):
-        if not q:
-            continue
-        n = q
-        if before is not None:  # arrival j is at or after share j / q: later ones cannot count
-            share = before if profile is None else float(np.interp(before, *profile[i]))
-            n = min(q, math.floor(share * q) + 2)
-        j = np.arange(n, dtype=np.float64)
-        u = 0.0 if even else shuffle_draws(derive_seed([seed, i]), 0, n)
-        y = (j + u) / q
-        if profile is not None:
-            xs, ys = profile[i]
-            y = np.interp(y, ys, xs)
-        keys.append(y)
-        srcs.append(np.full(n, i, dtype=np.int32))
-    if not keys:
+    """Sources of the arrivals in order; with ``before``, only those that arrive before that time.
+
+    Arrival ``j`` of source ``i`` (of ``q``) is at share ``(j + u) / q`` of the time, ``u`` the
+    top 53 bits of ``_hash(_hash(seed, i), j)`` as a fraction (0 with ``even``), through the
+    source's profile when there is one.
+    """
+    q = np.asarray(quotas, np.int64)
+    n = q.copy()
+    if before is not None:  # arrival j is at or after share j / q: later ones cannot count
+        if profile is None:
+            share = np.full(len(q), before)
+        else:
+            share = np.asarray([float(np.interp(before, xs, ys)) for xs, ys in profile])
+        n = np.minimum(q, np.floor(share * q).astype(np.int64) + 2)
+    total = int(n.sum())
+    if not total:
         return np.zeros(0, np.int32)
-    key, src = np.concatenate(keys), np.concatenate(srcs)
-    order = np.lexsort((src, key))
+    src = np.repeat(np.arange(len(q), dtype=np.int32), n)
+    j = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+    if even:
+        y = j / q[src]
+    else:
+        seeds = _hash(seed, np.arange(len(q), dtype=np.uint64))
+        u = (_hash(seeds[src], j) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+        y = (j + u) / q[src]
+    if profile is not None:
+        ends = np.cumsum(n)
+        for i, (xs, ys) in enumerate(profile):
+            if n[i]:
+                y[ends[i] - n[i] : ends[i]] = np.interp(y[ends[i] - n[i] : ends[i]], ys, xs)
+    order = np.lexsort((src, y))
     if before is not None:
-        order = order[key[order] < before]
+        order = order[y[order] < before]
     return src[order]
 
 
@@ -416,14 +453,39 @@ class MixSplit:
     Reader ``r`` gets ``left[i][r*b_i : (r+1)*b_i]`` of every source (``b_i = len // readers``)
     and its share of the remainders, laid out source after source (``order``) and cut into
     equal pieces; what does not divide (fewer than ``readers``) is left out, from the end.
+    Sources marked ``exact`` (read once per epoch) are never left out while another source
+    has samples: one of those gives up a row of its shares (one sample per reader) to the
+    remainders, so the end of the layout is its own.
     """
 
-    def __init__(self, left: Sequence[Runs], readers: int, order: Sequence[int]) -> None:
+    def __init__(
+        self,
+        left: Sequence[Runs],
+        readers: int,
+        order: Sequence[int],
+        exact: Sequence[bool] | None = None,
+    ) -> None:
         self.left = list(left)
         self.readers = readers
         sizes = [len(r) for r in left]
         self.base = [n // readers for n in sizes]
         extras = [n - b * readers for n, b in zip(sizes, self.base, strict=True)]
+        drop = sum(extras) % readers
+        order = list(order)
+        if exact is not None and drop:
+            tail, k = 0, len(order)  # the remainders of the sources at the end of the layout
+            while k and not exact[order[k - 1]]:
+                k -= 1
+                tail += extras[order[k]]
+            donors = [i for i in order[k:] if self.base[i]] or [
+                i for i in order[:k] if not exact[i] and self.base[i]
+            ]
+            if tail < drop and donors:
+                i = donors[-1]
+                self.base[i] -= 1
+                extras[i] += readers
+                order.remove(i)
+                order.append(i)
         per = sum(extras) // readers
         self.per_reader = sum(self.base) + per
         self.extra = per
@@ -436,9 +498,45 @@ class MixSplit:
             pos += extras[i]
         self._extras = extras
 
-    def quota(self, reader: int) -> list[int]:
+    def _extra_run(self, readers: np.ndarray, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Ordinals (in ``left[i]``) of the remainder run of each of ``readers``: ``(start, stop)``."""
+        a0, a1 = self._at[i], self._at[i] + self._extras[i]
+        x0 = np.maximum(readers * self.extra, a0)
+        x1 = np.minimum((readers + 1) * self.extra, a1)
+        base = self.readers * self.base[i] - a0
+        return base + x0, base + np.maximum(x1, x0)
+
+    def quotas(self, reader: int) -> list[int]:
         """Positions of each source that ``reader`` reads."""
-        return [len(p) for p in self.piece(reader)]
+        r = np.asarray([reader])
+        out = []
+        for i, b in enumerate(self.base):
+            e0, e1 = self._extra_run(r, i)
+            out.append(b + int(e1[0] - e0[0]))
+        return out
+
+    def quota_table(self) -> np.ndarray:
+        """``quotas(r)`` of every reader, as a (readers, sources) array."""
+        r = np.arange(self.readers, dtype=np.int64)
+        cols = []
+        for i, b in enumerate(self.base):
+            e0, e1 = self._extra_run(r, i)
+            cols.append(b + e1 - e0)
+        return np.stack(cols, axis=1) if cols else np.zeros((self.readers, 0), np.int64)
+
+    def unread(self, i: int, used: np.ndarray) -> Runs:
+        """Source ``i``'s positions the readers did not read, reader after reader.
+
+        ``used[r]``: how many of its piece reader ``r`` read (its piece's first ones).
+        """
+        r = np.arange(self.readers, dtype=np.int64)
+        b = self.base[i]
+        e0, e1 = self._extra_run(r, i)
+        base0 = r * b + np.minimum(used, b)
+        ext0 = np.minimum(e0 + np.maximum(used - b, 0), e1)
+        lo = np.stack([base0, ext0], axis=1).reshape(-1)
+        hi = np.stack([(r + 1) * b, e1], axis=1).reshape(-1)
+        return _take(self.left[i], lo, hi)
 
     def piece(self, reader: int) -> list[Runs]:
         """Each source's positions that ``reader`` reads, in reading order."""
@@ -453,6 +551,24 @@ class MixSplit:
                 runs = runs + left.slice(n + x0 - a0, n + x1 - a0)
             out.append(runs)
         return out
+
+
+def _take(runs: Runs, lo: np.ndarray, hi: np.ndarray) -> Runs:
+    """The positions of ``runs`` at ordinals ``[lo[k], hi[k])``, stretch after stretch."""
+    keep = hi > lo
+    lo, hi = lo[keep], hi[keep]
+    if not lo.size:
+        return Runs()
+    cum = runs.cum
+    first = cum - (runs.stops - runs.starts)  # ordinal of each run's start
+    i0 = np.searchsorted(cum, lo, side="right")
+    i1 = np.searchsorted(cum, hi - 1, side="right")
+    n = i1 - i0 + 1
+    k = np.repeat(np.arange(lo.size), n)
+    run = i0[k] + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+    a = np.maximum(lo[k], first[run])
+    b = np.minimum(hi[k], cum[run])
+    return Runs.of_arrays(runs.starts[run] + a - first[run], runs.starts[run] + b - first[run])
 
 
 @dataclass(frozen=True)
@@ -512,7 +628,7 @@ def mix_reader(
     mixed = derive_seed([seed, epoch, _MIX_TAG])
     start = epoch_start
     for s, seg in enumerate(segments):
-        split = MixSplit(left, seg.readers, order)
+        split = MixSplit(left, seg.readers, order, mix.exact_once())
         workers = max(seg.num_workers, 1)
         lengths = [split.per_reader] * seg.readers
         batches = [shape.batches(n) for n in lengths[:workers]]
@@ -526,7 +642,9 @@ def mix_reader(
             start: int = start,
             first: int | None = None,
         ) -> tuple[list[Runs], np.ndarray]:
-            return _sequence(mix, split, r, derive_seed([mixed, s, r]), start, first)
+            return _sequence(
+                mix, split, r, int(_reader_seeds(mixed, s, np.asarray([r]))[0]), start, first
+            )
 
         if s == len(segments) - 1:
             rank, worker = divmod(reader, workers)
@@ -536,22 +654,20 @@ def mix_reader(
             used = np.bincount(seq[:o], minlength=len(counts))
             rest = [p.slice(int(c), len(p)) for p, c in zip(pieces, used, strict=True)]
             return MixReader(rest, seq[o:], split.dropped)
-        starts: list[list[np.ndarray]] = [[] for _ in counts]
-        stops: list[list[np.ndarray]] = [[] for _ in counts]
-        for r in range(seg.readers):
+        used = np.zeros((seg.readers, len(counts)), np.int64)
+        seeds = _reader_seeds(mixed, s, np.arange(seg.readers, dtype=np.uint64))
+        span = split.per_reader * split.readers
+        table = split.quota_table().tolist()
+        for r in range(seg.readers):  # what each reader yielded of each source
             o = yielded[r % workers]
-            pieces, seq = seq_of(r, first=o)  # only what it yielded
-            used = np.bincount(seq[:o], minlength=len(counts))
-            for i, (p, c) in enumerate(zip(pieces, used, strict=True)):
-                unread = p.slice(int(c), len(p))
-                starts[i].append(unread.starts)
-                stops[i].append(unread.stops)
-        left = [
-            Runs.of_arrays(
-                np.concatenate(a or [np.zeros(0, np.int64)]),
-                np.concatenate(b or [np.zeros(0, np.int64)]),
-            )
-            for a, b in zip(starts, stops, strict=True)
-        ]
+            if o:
+                quotas = table[r]
+                if mix.even and mix.until == "last":
+                    seq = round_robin(quotas)[:o]
+                else:
+                    profile = mix.profile(start, span, quotas)
+                    seq = interleave(quotas, int(seeds[r]), profile, even=mix.even, first=o)
+                used[r] = np.bincount(seq, minlength=len(counts))
+        left = [split.unread(i, used[:, i]) for i in range(len(counts))]
         start += sum(yielded) * seg.world_size
     raise ValueError("mix_reader needs at least one segment")
