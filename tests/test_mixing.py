@@ -337,3 +337,16 @@ def test_mix_with_a_sample_shuffle_replays_on_the_same_topology_and_refuses_anot
     with DataLoader2(graph(), reading_service=_mp(1)) as dl:
         with pytest.raises(ValueError, match=r"cannot be repositioned yet.*replay"):
             dl.load_state_dict(state)
+
+
+def test_mix_refuses_a_padding_source(three):
+    urls, index = three["a"]
+    padded = (
+        IterableWrapper(urls)
+        .sharding_by_index(index, policy="pad")
+        .open_files_by_fsspec()
+        .load_from_tar()
+        .webdataset()
+    )
+    with pytest.raises(ValueError, match=r"source 'p' has sharding_by_index\(policy='pad'\)"):
+        padded.mix(source(three, "b"), names=["p", "b"], weights=[0.5, 0.5])

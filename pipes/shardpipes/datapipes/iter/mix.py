@@ -63,6 +63,12 @@ def _sharder(dp: IterDataPipe[Any], name: str) -> IndexSharderIterDataPipe:
             f"yields; it has {len(found)} sharding_by_index stage(s)"
             + ("" if len(found) != 1 else " and other stages")
         )
+    if found[0].policy != "drop":
+        raise ValueError(
+            f"mix() source {name!r} has sharding_by_index(policy={found[0].policy!r}); a mixture "
+            "keeps readers equal by leaving out fewer samples than readers (policy 'drop'), "
+            "from the sources not read once per epoch first"
+        )
     return found[0]
 
 
