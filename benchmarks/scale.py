@@ -3,6 +3,7 @@
     python benchmarks/scale.py                                   # v2 (today's format), all sizes
     python benchmarks/scale.py --format v1 --out before.json     # the v1 format
     python benchmarks/scale.py --plot docs/images/scale.png --compare before.json after.json
+    python benchmarks/scale.py --mixture --out mix.json           # 35 sources, 1M shards (issue 27)
 
 For 10k, 100k and 1M shards of 1000 samples each (10^7 to 10^9 samples) it writes a dataset
 descriptor as ``shardpipes index`` would (v1: every sample's key, offset and size in one JSON
@@ -40,6 +41,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import _scale_mix
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLES_PER_SHARD = 1000
@@ -255,7 +258,15 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="write the results as JSON")
     ap.add_argument("--plot", default=None, help="draw the growth curves to this PNG")
     ap.add_argument("--compare", nargs="*", default=(), help="result files to plot")
+    ap.add_argument("--mixture", action="store_true", help="35 sources, 1M shards (issue 27)")
+    ap.add_argument("--elastic-ranks", type=int, default=64, help="--mixture: restore from R x 8")
     opts = ap.parse_args()
+    if opts.mixture:
+        result = _scale_mix.main(opts, run_task, opts.work or tempfile.mkdtemp(prefix="mix-"))
+        if opts.out:
+            with open(opts.out, "w") as f:
+                json.dump(result, f, indent=1)
+        return 0
     if opts.compare and opts.plot:
         return plot([json.load(open(p)) for p in opts.compare], opts.plot)
     shard_sizes = [int(s) for s in opts.shards.split(",")]
@@ -399,6 +410,7 @@ def plot(runs: list[dict], path: str) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "_task":
-        print(json.dumps(task(json.loads(sys.argv[2]))))
+        job = json.loads(sys.argv[2])
+        print(json.dumps((_scale_mix.task if job["kind"] == "mixture" else task)(job)))
         sys.exit(0)
     sys.exit(main())

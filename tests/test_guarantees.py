@@ -13,6 +13,9 @@ with a policy, and checks:
 - the same items for the same seed;
 - exact resume from a state taken at a random point of the epoch.
 
+Mixtures (``mix()`` of two indexed sources, each read once per epoch) run through the same
+checks (``test_guarantees_mixture``); their elastic resumes are in ``tests/test_mixing.py``.
+
 The whole matrix (every sharding x loader x transport x policy, each with two complementary
 sets of graph options) is marked ``matrix`` and runs in ``tox -e matrix``; a fixed sample of
 it runs in the default test run. Combinations shardpipes does not support are refused when
@@ -154,7 +157,9 @@ def _env(case: Case, shard_files, tmp_path, request) -> dict[str, Any]:
         http = request.getfixturevalue("http_server")
         urls = [http.add(name, data) for name, data in shard_files.items()]
     index = (
-        build_index(urls, storage_options=so, progress=False) if case.sharding == "index" else None
+        build_index(urls, storage_options=so, progress=False)
+        if case.sharding in ("index", "mix")
+        else None
     )
     return {"urls": urls, "so": so, "index": index, "cache": os.fspath(tmp_path / "cache")}
 
@@ -173,8 +178,25 @@ def keep(i: int) -> bool:
 KEPT = {i for i in range(TOTAL) if keep(i)}
 
 
+def _mix_source(case: Case, env: dict[str, Any], urls: list[str]) -> Any:
+    dp = IterableWrapper(urls)
+    if "shard_shuffle" in case.options:
+        dp = dp.shuffle()
+    dp = dp.sharding_by_index(env["index"].select(urls), storage_options=env["so"])
+    return (
+        dp.open_files_by_fsspec(storage_options=env["so"], timeout=30)
+        .load_from_tar()
+        .webdataset()
+        .map(sample_id)
+    )
+
+
 def graph(case: Case, env: dict[str, Any]) -> Any:
     o, so = case.options, env["so"]
+    if case.sharding == "mix":  # two sources (shards 0-2 and 3-4), each read once per epoch
+        urls = env["urls"]
+        dp = _mix_source(case, env, urls[:3]).mix(_mix_source(case, env, urls[3:]), repeat=[1, 1])
+        return _tail(case, dp)
     dp = IterableWrapper(env["urls"])
     if "shard_shuffle" in o:
         dp = dp.shuffle()
@@ -188,6 +210,11 @@ def graph(case: Case, env: dict[str, Any]) -> Any:
     if case.sharding == "samples":
         dp = dp.sharding_filter()
     dp = dp.threadpool_map(sample_id, max_workers=2) if "threadpool" in o else dp.map(sample_id)
+    return _tail(case, dp)
+
+
+def _tail(case: Case, dp: Any) -> Any:
+    o = case.options
     if "filter" in o:
         dp = dp.filter(keep)
     if "sample_shuffle" in o:
@@ -320,7 +347,7 @@ def check(case: Case, results: list[dict[str, Any]]) -> None:
     dupes = {i: c for i, c in ids.items() if c > 1}
     missing = universe - set(ids)
     readers = case.readers
-    if case.sharding == "index":
+    if case.sharding in ("index", "mix"):
         if case.policy == "drop" and "fullsync" not in o:
             assert not dupes, dupes
             assert len(missing) < readers, sorted(missing)
@@ -365,6 +392,45 @@ def test_guarantees_sample(case, shard_files, tmp_path, request):
     [pytest.param(c, id=c.id, marks=_marks(c)) for c in ALL if c.id not in _SAMPLE_IDS],
 )
 def test_guarantees_matrix(case, shard_files, tmp_path, request):
+    _run_and_check(case, shard_files, tmp_path, request)
+
+
+# --- mixtures: two indexed sources mixed by the plan (docs/mixing.md) -------------------------
+
+MIX_OPTIONS = ("shard_shuffle", "sample_shuffle", "prefetch", "filter", "batch", "unbatch")
+
+
+def mix_cases() -> list[Case]:
+    """Every loader over local files, each with two complementary option sets; S3 and HTTP once."""
+    rng = random.Random(27)
+    cases = []
+    for loader in LOADERS:
+        opts = frozenset(o for o in MIX_OPTIONS if rng.random() < 0.5)
+        for chosen in (opts, frozenset(MIX_OPTIONS) - opts):
+            if "unbatch" in chosen:
+                chosen |= {"batch"}
+            cases.append(Case("mix", loader, "local", "drop", chosen, rng.randrange(1000)))
+    for transport in ("s3", "http"):
+        cases.append(Case("mix", "mp2", transport, "drop", frozenset(MIX_OPTIONS), 5))
+    return cases
+
+
+MIX = mix_cases()
+MIX_SAMPLE = [c for c in MIX if not c.loader.startswith("dist")][::3] + [
+    c for c in MIX if c.loader == "dist2x2"
+][:1]
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=_marks(c)) for c in MIX_SAMPLE])
+def test_guarantees_mixture(case, shard_files, tmp_path, request):
+    _run_and_check(case, shard_files, tmp_path, request)
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, id=c.id, marks=_marks(c)) for c in MIX if c not in MIX_SAMPLE]
+)
+def test_guarantees_mixture_matrix(case, shard_files, tmp_path, request):
     _run_and_check(case, shard_files, tmp_path, request)
 
 

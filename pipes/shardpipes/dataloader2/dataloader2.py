@@ -23,6 +23,7 @@ from shardpipes.dataloader2.graph import (
     refuse_unsupported,
     resume_shape,
 )
+from shardpipes.dataloader2.graph.mixing import check_mixture_state, mixture_state
 from shardpipes.dataloader2.random.seed_generator import SeedGenerator, int64_seed
 from shardpipes.dataloader2.reading_service import (
     CheckpointableReadingServiceInterface,
@@ -450,6 +451,7 @@ class DataLoader2(Generic[T]):
             "segments": [seg.as_list() for seg in earlier],
             "skipped": skipped,
             "epochs_run": self._epochs_run - (1 if in_epoch else 0),
+            "mixture": mixture_state(self._graph if self._graph is not None else self.datapipe),
             SERIALIZED_DATAPIPE_KEY_NAME: self._serialized if graph else None,
             READING_SERVICE_STATE_KEY_NAME: (
                 self.reading_service.checkpoint()
@@ -501,6 +503,7 @@ class DataLoader2(Generic[T]):
                 f"loader state is {state['format']!r} version {state['version']}; this shardpipes "
                 f"reads {STATE_FORMAT!r} versions 1 and {STATE_VERSION}"
             )
+        check_mixture_state(self.datapipe, state.get("mixture"))
         world, workers, distributed = _topology(self.reading_service)
         saved = Segment(
             int(state["world_size"]),

@@ -32,6 +32,7 @@ from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import apply_sharding
 
+from shardpipes.dataloader2._index_share import share_indexes
 from shardpipes.dataloader2._pool import MainPrefetcherIterDataPipe, WorkerPoolIterDataPipe
 from shardpipes.dataloader2._shm import Attachments
 from shardpipes.dataloader2._stats import (
@@ -541,6 +542,7 @@ class DistributedReadingService(ReadingServiceInterface):
         self._group = gloo_group(self.timeout)  # gloo even when training uses NCCL
         _warn_unsharded(datapipe, self._world_size, "DistributedReadingService")
         apply_sharding(datapipe, self._world_size, self._rank, SHARDING_PRIORITIES.DISTRIBUTED)
+        share_indexes(datapipe, self._group, self._rank)  # one read of each index per job
         if not self.equalize:
             self._datapipe = datapipe
             return datapipe

@@ -55,6 +55,7 @@ from shardpipes.webdataset.handlers import (
     warn_and_stop,
 )
 from shardpipes.webdataset.loader import WebLoader
+from shardpipes.webdataset.mix import RandomMix, RoundRobin
 from shardpipes.webdataset.pipeline import DataPipeline
 from shardpipes.webdataset.shardlists import (
     ResampledShards,
@@ -89,8 +90,10 @@ __all__ = [
     "FluidWrapper",
     "MockDataset",
     "PipelineStage",
+    "RandomMix",
     "ResampledShardList",
     "ResampledShards",
+    "RoundRobin",
     "ShardWriter",
     "SimpleShardList",
     "TarWriter",

@@ -48,6 +48,8 @@ class EmptyCheck(PassThrough):
     shards are few, and raising there is what makes webdataset's default hang DDP.
     """
 
+    one_to_one = True  # passes samples through (mix() counts samples through it)
+
     def __init__(self, source_datapipe: IterDataPipe[Any], sharder: Any) -> None:
         super().__init__(source_datapipe)
         self.sharder = sharder

@@ -36,6 +36,7 @@ from torch.utils.data.datapipes.iter.sharding import _ShardingIterDataPipe
 from torch.utils.data.graph import DataPipe, DataPipeGraph, traverse_dps
 from torch.utils.data.graph_settings import get_all_graph_pipes
 
+from shardpipes.dataloader2.graph.mixing import apply_mix_plan, mixture_shape
 from shardpipes.dataloader2.graph.settings import set_datapipes_seed, set_graph_random_seed
 from shardpipes.dataloader2.graph.utils import find_dps, list_dps, remove_dp, replace_dp
 from shardpipes.datapipes.iter._index_length import exact_length_plan, source_of
@@ -127,6 +128,8 @@ def apply_epoch_plan(datapipe: IterDataPipe[Any], plan: EpochPlan) -> IterDataPi
     for dp in resumable:
         dp.set_resume(None)
     sharders = [dp for dp in resumable if isinstance(dp, IndexSharderIterDataPipe)]
+    if apply_mix_plan(datapipe, plan):  # a mixture: the mix() plans its sources' reads
+        return datapipe
     if plan.resume:
         found = resume_shape(datapipe)
         if isinstance(found, str) or len(sharders) != 1:
@@ -218,6 +221,9 @@ def resume_shape(
     other stage that keeps a position between items (trait ``resumable``: ``enumerate()``) after
     that shuffle and before the ``batch()``. Otherwise, the reason it cannot, for error messages.
     """
+    mixed = mixture_shape(datapipe)
+    if mixed is not None:
+        return mixed
     node: Any = datapipe
     while in_main_process(node):
         if isinstance(node, FullSyncIterDataPipe):
@@ -225,6 +231,11 @@ def resume_shape(
         node = source_of(node)
     plan = exact_length_plan(node)
     if plan is None:
+        refusal = next(
+            (r for dp in stages_of(node) if (r := getattr(dp, "seek_refusal", None))), None
+        )
+        if refusal:
+            return str(refusal)
         return (
             "the graph is not sharding_by_index -> open_files_by_fsspec -> load_from_tar -> "
             "webdataset followed only by one-to-one stages and at most one batch()"

@@ -36,6 +36,7 @@ from shardpipes.datapipes.iter.length import CyclerIterDataPipe as Cycler
 from shardpipes.datapipes.iter.length import FixedLengthIterDataPipe as FixedLength
 from shardpipes.datapipes.iter.length import HeaderIterDataPipe as Header
 from shardpipes.datapipes.iter.length import LengthSetterIterDataPipe as LengthSetter
+from shardpipes.datapipes.iter.mix import MixerIterDataPipe as Mixer
 from shardpipes.datapipes.iter.nodes import NodesAdapterIterDataPipe as NodesAdapter
 from shardpipes.datapipes.iter.prefetch import PinMemoryIterDataPipe as PinMemory
 from shardpipes.datapipes.iter.prefetch import PrefetcherIterDataPipe as Prefetcher
@@ -68,6 +69,7 @@ __all__ = [
     "IterableWrapper",
     "LengthSetter",
     "Mapper",
+    "Mixer",
     "Multiplexer",
     "NodesAdapter",
     "OnDiskCacheHolder",

@@ -95,25 +95,33 @@ def _declaring(dp: Any) -> type:
     return type(dp)
 
 
+def _trait(dp: Any, name: str, default: Any) -> Any:
+    # A stage's own traits are read from the instance, so a stage may answer per instance (a
+    # property: webdataset's RandomMix is one-to-one unless with_epoch/repeat was set); a torch
+    # stage's are its lean stand-in's class attributes.
+    kind = _declaring(dp)
+    return getattr(dp if kind is type(dp) else kind, name, default)
+
+
 def is_one_to_one(dp: Any) -> bool:
     """Whether ``dp`` yields one item per item it reads (trait ``one_to_one``)."""
-    return bool(getattr(_declaring(dp), "one_to_one", False))
+    return bool(_trait(dp, "one_to_one", False))
 
 
 def range_step(dp: Any) -> tuple[str, str] | None:
     """``dp``'s step from sample ranges to samples (trait ``range_to_samples``), or ``None``."""
-    step: tuple[str, str] | None = getattr(_declaring(dp), "range_to_samples", None)
+    step: tuple[str, str] | None = _trait(dp, "range_to_samples", None)
     return step
 
 
 def in_main_process(dp: Any) -> bool:
     """Whether ``dp`` stays in the main process (trait ``main_process``)."""
-    return bool(getattr(_declaring(dp), "main_process", False))
+    return bool(_trait(dp, "main_process", False))
 
 
 def is_resumable(dp: Any) -> bool:
     """Whether ``dp`` takes the epoch's ``Resume`` and continues exactly (trait ``resumable``)."""
-    return bool(getattr(_declaring(dp), "resumable", False))
+    return bool(_trait(dp, "resumable", False))
 
 
 def _plain_iter(gen_fn: Callable[[Any], Iterator[Any]]) -> Callable[[Any], Iterator[Any]]:

@@ -22,7 +22,7 @@ from shardpipes.index.document import ShardIndex, default_index_url, find_index
 from shardpipes.plan.epoch import Resume
 from shardpipes.plan.partition import EpochLayout
 from shardpipes.plan.readers import POLICIES, per_reader
-from shardpipes.plan.resume import ReaderPlan
+from shardpipes.plan.resume import ReaderPlan, Runs
 from shardpipes.storage.ranges import ShardRange
 
 __all__ = ["IndexSharderIterDataPipe"]
@@ -97,6 +97,9 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
         self._loaded: ShardIndex | None = None
         # Handed for one epoch by the loader when it resumes from a state (set_resume).
         self._resume: Resume | None = None
+        # Handed for one epoch by mix(): the epoch's shards listed ahead, the positions to read.
+        self._planned: tuple[list[str], ShardIndex | None, np.ndarray, EpochLayout] | None = None
+        self._positions: Runs | None = None
 
     def apply_sharding(  # type: ignore[override]  # torch's base declares it abstract (-> Never)
         self,
@@ -130,6 +133,25 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
         self._resume = resume
         return self
 
+    def plan_epoch(self) -> EpochLayout:
+        """List the next epoch's shards now and return their layout (for ``mix()``).
+
+        The next iteration reads that listing instead of listing the shards again.
+        """
+        urls = list(self.source_datapipe)
+        if not urls:
+            self._planned = (urls, None, np.zeros(0, np.int64), EpochLayout([]))
+        else:
+            index = self._index(urls)
+            where = index.positions(urls)
+            self._planned = (urls, index, where, EpochLayout(index.count_array[where]))
+        return self._planned[3]
+
+    def set_positions(self, positions: Runs | None) -> IndexSharderIterDataPipe:
+        """Read these positions of the planned epoch (read circularly) in the next iteration (``mix()``'s hook)."""
+        self._positions = positions
+        return self
+
     def _index(self, urls: list[str]) -> ShardIndex:
         if self._loaded is not None:
             return self._loaded
@@ -147,19 +169,29 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
 
     def __iter__(self) -> Iterator[ShardRange]:
         resume, self._resume = self._resume, None
-        urls = list(self.source_datapipe)
+        planned, self._planned = self._planned, None
+        positions, self._positions = self._positions, None
+        if planned is not None:
+            urls, found, where, layout = planned
+        else:
+            urls = list(self.source_datapipe)
         if not urls:
             self.per_reader = 0
             return
-        index = self._index(urls)
-        # The URLs come in the epoch's order (the shard shuffle is upstream): lay them out as
-        # they come. O(shards) once per epoch; each range is then a bisection.
-        where = index.positions(urls)
-        layout = EpochLayout(index.count_array[where])
+        if planned is None or found is None:
+            found = self._index(urls)
+            # The URLs come in the epoch's order (the shard shuffle is upstream): lay them out
+            # as they come. O(shards) once per epoch; each range is then a bisection.
+            where = found.positions(urls)
+            layout = EpochLayout(found.count_array[where])
+        index = found
         total = layout.total
         n, i = self.num_of_instances, self.instance_id
         runs: list[tuple[int, int]] = []
-        if resume is not None:
+        if positions is not None:
+            self.per_reader = len(positions)
+            runs = positions.runs
+        elif resume is not None:
             plan = self._resumed(resume, total)
             self.per_reader = plan.samples
             yield from self._sparse(plan.read_order()[0], urls, index, where, layout)

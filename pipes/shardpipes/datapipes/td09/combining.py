@@ -354,10 +354,25 @@ class SampleMultiplexerDataPipe(StageIterDataPipe[Any]):
 
     When a source runs out its weight is shared by the others; the last one is read to its end.
 
+    It is a random stage (it has ``set_seed``): under ``DataLoader2`` the loader seeds it every
+    epoch from ``dl.seed()``, the epoch and the reader, like ``shuffle()``, so the same seed
+    gives the same order on every run, with or without worker processes, and a state resumes
+    it exactly on the same topology (the loader replays the epoch to the saved position).
+    Another number of ranks or workers cannot resume it (each reader's draws depend on its
+    own inputs) and is refused when the state is loaded; use ``mix()`` for a mixture that
+    resumes by seeking and elastically (docs/mixing.md).
+
     Args:
         pipes_to_weights_dict: DataPipe -> positive weight.
-        seed: Seed of the draws. Default: ``None`` (unseeded).
+        seed: Seed of the draws outside a loader. Default: ``None`` (unseeded). A loader's
+            seed replaces it.
     """
+
+    #: Why a state of it cannot be resumed on another topology (the loader's refusal says it).
+    seek_refusal = (
+        "SampleMultiplexer draws its sources per reader, so another number of readers cannot "
+        "continue its draws; use mix() for a mixture that resumes on any topology"
+    )
 
     def __init__(
         self, pipes_to_weights_dict: dict[IterDataPipe[Any], float], seed: int | None = None
@@ -370,6 +385,11 @@ class SampleMultiplexerDataPipe(StageIterDataPipe[Any]):
         total = sum(pipes_to_weights_dict.values())
         self.pipes_and_weights = [(dp, w / total) for dp, w in pipes_to_weights_dict.items()]
         self.random = random.Random(seed)
+
+    def set_seed(self, seed: int) -> SampleMultiplexerDataPipe:
+        """Draw from ``seed`` in the next iteration (loader hook, as ``shuffle().set_seed``)."""
+        self.random = random.Random(seed)
+        return self
 
     def __iter__(self) -> Iterator[Any]:
         live = [(iter(dp), w) for dp, w in self.pipes_and_weights]
