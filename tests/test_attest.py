@@ -7,9 +7,11 @@ import os
 
 import pytest
 
+from _dist import run_ranks
 from _graphs import indexed_graph
-from shardpipes.dataloader2 import DataLoader2
-from shardpipes.errors import StateMismatchError
+from shardpipes.dataloader2 import DataLoader2, DistributedReadingService
+from shardpipes.datapipes.iter import IterableWrapper
+from shardpipes.errors import AttestationError, StateMismatchError
 from shardpipes.index import build_index, default_index_url
 from shardpipes.synthetic import write_synthetic
 
@@ -141,3 +143,113 @@ def test_a_state_and_its_binding_travel_as_json(tmp_path):
     assert binding["data"]["shards"] == 3 and binding["data"]["samples"] == 30
     assert binding["rank"] == 0 and len(binding["run"]) == 16
     assert binding["steps"] == 3 and binding["before"] == 0
+
+
+# --- the ranks' check, on real gloo ranks -------------------------------------------------
+
+
+def _rs():
+    return DistributedReadingService(timeout=60)
+
+
+def _plain(paths, *, sharded=True, index=True):
+    """Batches of sample dicts (they keep ``__url__`` and ``__key__``: their identity)."""
+    dp = IterableWrapper(paths).shuffle()
+    if sharded:
+        dp = dp.sharding_by_index() if index else dp.sharding_filter()
+    return dp.open_files_by_fsspec().load_from_tar().webdataset().batch(2)
+
+
+def _keys(batch):
+    return [s["__key__"] for s in batch]
+
+
+def rank_saves(rank, world, paths, k):
+    """Each rank's state after k batches, and after 2k batches."""
+    with DataLoader2(_plain(paths), reading_service=_rs()) as dl:
+        dl.attest(every=2)
+        dl.seed(1)
+        it = iter(dl)
+        states = []
+        for _ in range(2):
+            for _ in range(k):
+                next(it)
+            states.append(dl.state_dict())
+    return states
+
+
+def rank_resumes(rank, world, paths, states):
+    """Load ``states[rank]`` (``None``: no state) and read the epoch; the error text if any."""
+    try:
+        with DataLoader2(_plain(paths), reading_service=_rs()) as dl:
+            dl.attest(every=2)
+            if states[rank] is not None:
+                dl.load_state_dict(states[rank])
+            else:
+                dl.seed(1)
+            it = iter(dl)
+            return ("ok", [_keys(b) for b in it])
+    except AttestationError as exc:
+        return (exc.fault, str(exc))
+
+
+@pytest.fixture(scope="module")
+def nine(tmp_path_factory):
+    return _dataset(tmp_path_factory.mktemp("nine"), [11, 13, 7])
+
+
+@pytest.mark.distributed
+def test_ranks_catch_faulty_resumes(nine, tmp_path):
+    first = run_ranks(rank_saves, 2, nine, 2)  # one run: states after 2 and 4 batches
+    other = run_ranks(rank_saves, 2, nine, 2)  # another run of the same job
+    honest = run_ranks(rank_resumes, 2, nine, [first[0][1], first[1][1]])
+    assert [r[0] for r in honest] == ["ok", "ok"]
+    cases = {
+        # a stale state file from another run on rank 1
+        "other-run": [first[0][1], other[1][1]],
+        # rank 1's state lost (e.g. when the number of ranks changed): it starts fresh
+        "dropped-state": [first[0][1], None],
+        # rank 1 resumes an older checkpoint of the same run: a restart of its stretch
+        "out-of-step": [first[0][1], first[1][0]],
+    }
+    for fault, states in cases.items():
+        got = run_ranks(rank_resumes, 2, nine, states)
+        for rank, (kind, text) in enumerate(got):
+            assert kind == fault, (fault, rank, text)
+            assert f"rank {rank}: epoch 0, step " in text
+
+
+def rank_unsharded(rank, world, paths):
+    try:
+        with DataLoader2(_plain(paths, sharded=False), reading_service=_rs()) as dl:
+            dl.attest(every=4)
+            dl.seed(1)
+            return ("ok", len([b for b in dl]))
+    except AttestationError as exc:
+        return (exc.fault, str(exc))
+
+
+@pytest.mark.distributed
+def test_ranks_catch_every_rank_reading_the_same_samples(nine):
+    """Every rank drew the same sequence (yaak-ai/rbyte PR 106's shape): the first window."""
+    got = run_ranks(rank_unsharded, 2, nine)
+    for rank, (kind, text) in enumerate(got):
+        assert kind == "duplicate"
+        assert f"rank {rank}: epoch 0, step 4: duplicate: ranks 0 and 1 yielded the same 8" in text
+
+
+def rank_lists(rank, world, paths):
+    try:
+        with DataLoader2(_plain(paths[: 2 + rank]), reading_service=_rs()) as dl:
+            dl.seed(1)
+            return ("ok", len([b for b in dl]))
+    except AttestationError as exc:
+        return (exc.fault, str(exc))
+
+
+@pytest.mark.distributed
+def test_ranks_catch_different_shard_lists(nine):
+    got = run_ranks(rank_lists, 2, nine)
+    for kind, text in got:
+        assert kind == "other-data"
+        assert "other shard lists" in text and "rank(s) 0" in text and "rank(s) 1" in text
