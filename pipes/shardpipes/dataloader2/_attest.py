@@ -33,9 +33,9 @@ import torch
 import torch.distributed as dist
 
 from shardpipes.errors import AttestationError, AttestationWarning
-from shardpipes.plan.identity import MASK, mix, sample_id
+from shardpipes.plan.identity import MASK, sample_id, term
 
-__all__ = ["Attestor", "Policy", "batch_ids"]
+__all__ = ["Attestor", "Policy", "batch_ids", "batch_samples"]
 
 Policy = Literal["raise", "warn", "off"]
 POLICIES = ("raise", "warn", "off")
@@ -51,32 +51,38 @@ def _hex(value: str | None) -> int:
     return int(value, 16) if value else 0
 
 
-def batch_ids(item: Any) -> list[int] | None:
-    """The ids of the samples in ``item`` (a batch of sample dicts, a collated dict, or a sample).
+def batch_samples(item: Any) -> list[tuple[str, str]] | None:
+    """``(url, key)`` of the samples in ``item``: a batch of sample dicts, a collated dict, a sample.
 
-    ``None`` when the items do not carry ``__url__`` and ``__key__`` (a ``map`` replaced them).
+    ``None`` when they do not carry ``__url__`` and ``__key__`` (a ``map`` replaced them).
     """
     if isinstance(item, list | tuple):
         if item and isinstance(item[0], dict) and "__key__" in item[0] and "__url__" in item[0]:
             try:
-                return [sample_id(s["__url__"], s["__key__"]) for s in item]
-            except (KeyError, TypeError, AttributeError):
+                return [(s["__url__"], s["__key__"]) for s in item]
+            except (KeyError, TypeError):
                 return None
         return None
     if isinstance(item, dict):
         keys, urls = item.get("__key__"), item.get("__url__")
         if isinstance(keys, str) and isinstance(urls, str):
-            return [sample_id(urls, keys)]
+            return [(urls, keys)]
         if isinstance(keys, list | tuple) and isinstance(urls, list | tuple):
-            return [sample_id(u, k) for u, k in zip(urls, keys, strict=True)]
+            return list(zip(urls, keys, strict=True))
     return None
+
+
+def batch_ids(item: Any) -> list[int] | None:
+    """The 64-bit ids of the samples in ``item`` (see :func:`batch_samples`)."""
+    found = batch_samples(item)
+    return None if found is None else [sample_id(url, key) for url, key in found]
 
 
 class Attestor:
     """One loader's identities, counters and cross-rank checks (see the module docstring)."""
 
     def __init__(self) -> None:
-        self.every = 64
+        self.every: int | None = None  # window checks are opt-in (docs/attestation.md: cost)
         self.policy: Policy = "raise"
         self.log_dir: str | None = None
         self.run: int | None = None  # set on the first epoch, or restored from a state
@@ -96,9 +102,9 @@ class Attestor:
         self._plan_hash = ""
         self._log: Any = None
 
-    def configure(self, every: int, policy: Policy, log_dir: str | None) -> None:
+    def configure(self, every: int | None, policy: Policy, log_dir: str | None) -> None:
         """Set the interval (batches), the policy and the folder of the per-rank id logs."""
-        if not isinstance(every, int) or every < 1:
+        if every is not None and (not isinstance(every, int) or every < 1):
             raise ValueError(f"every should be an int >= 1, got {every!r}")
         if policy not in POLICIES:
             raise ValueError(
@@ -146,13 +152,12 @@ class Attestor:
         rows = self._gather_details(secrets.randbits(63))
         runs = {r["run"] for r in rows}
         if runs == {0}:  # a new run on every rank: rank 0's proposal names it
-            self.run = rows[0]["proposal"]
-            return
+            self.run = rows[0]["proposal"] & MASK
         self._judge(rows, first=True)
 
     def end_epoch(self, seed: int, epoch: int, consumed: int) -> None:
         """After an epoch's last item: check the last (partial) window."""
-        if self._distributed and self.policy != "off" and consumed % self.every:
+        if self._distributed and self.policy != "off" and self.every and consumed % self.every:
             self._check(consumed)
         self.last = [seed, epoch, consumed]
         self.before = self.steps
@@ -160,18 +165,18 @@ class Attestor:
     def yielded(self, item: Any, consumed: int) -> None:
         """Count and fold one yielded item; check with the other ranks every ``every`` items."""
         self.steps += 1
-        if self.policy == "off":
+        if self.policy == "off" or (self.every is None and self.log_dir is None):
             return
-        ids = batch_ids(item)
-        if ids is not None:
+        found = batch_samples(item)
+        if found is not None:
             d = self._digest
-            for i in ids:
-                d += mix(i)
+            for url, key in found:
+                d += term(url, key)
             self._digest = d & MASK
-            self._ids += len(ids)
+            self._ids += len(found)
             if self.log_dir is not None:
-                self._write(consumed, ids)
-        if consumed % self.every == 0 and self._distributed:
+                self._write(consumed, [sample_id(url, key) for url, key in found])
+        if self.every is not None and consumed % self.every == 0 and self._distributed:
             self._check(consumed)
 
     # --- collectives -----------------------------------------------------------------------

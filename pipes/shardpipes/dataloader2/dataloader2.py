@@ -259,12 +259,16 @@ class DataLoader2(Generic[T]):
         self._pending = None
 
     def attest(
-        self, *, every: int = 64, policy: Policy = "raise", log_dir: str | None = None
+        self, *, every: int | None = 64, policy: Policy = "raise", log_dir: str | None = None
     ) -> None:
-        """Set the ranks' check of what they yield (see docs/attestation.md).
+        """Turn on the ranks' check of the samples they yield (see docs/attestation.md).
+
+        Without this call the ranks check their run, data, plan and position once per epoch
+        (one collective, at its start) and fold no ids: the per-batch cost of folding was
+        measured above 1% of a small-sample loader's time (``benchmarks/attest_cost.py``).
 
         Args:
-            every: Batches between two checks. Default: ``64``.
+            every: Batches between two checks (``None``: only at epoch starts). Default: ``64``.
             policy: ``"raise"`` (default), ``"warn"`` or ``"off"``.
             log_dir: A folder where each rank appends the ids of its batches
                 (``ids-rank{R}.bin``), for ``shardpipes verify``. Default: no log.

@@ -7,9 +7,11 @@ relative and an absolute spelling of one shard agree), the low 32 bits a CRC of 
 Keys are unique within a shard (the WebDataset rule), so two samples share an id only if two
 shard URLs *and* two keys collide at once.
 
-A digest folds ids order-independently (a sum of mixed ids modulo 2**64): a window of batches
-has the same digest whatever order the sample shuffle chose, two readers that yield the same
-samples have the same digest, and a digest of a run is the sum of the digests of its parts.
+A digest folds samples order-independently (a sum of 64-bit terms modulo 2**64, one term per
+sample, :func:`term`: two CRCs of the key, one of them seeded with the shard's hash, so the term
+depends on shard and key together): a window of batches has the same digest whatever order the
+sample shuffle chose, two readers that yield the same samples have the same digest, and the
+digest of a run is the sum of the digests of its parts.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import os
 import zlib
 from collections.abc import Iterable
 
-__all__ = ["MASK", "fold", "mix", "sample_id", "shard_hash"]
+__all__ = ["MASK", "digest", "mix", "sample_id", "shard_hash", "term"]
 
 MASK = (1 << 64) - 1
 _SHARDS: dict[str, int] = {}  # URL -> its 32-bit hash; shards are few, samples many
@@ -50,8 +52,12 @@ def mix(value: int) -> int:
     return z ^ (z >> 31)
 
 
-def fold(digest: int, ids: Iterable[int]) -> int:
-    """``digest`` with ``ids`` folded in (order-independent)."""
-    for i in ids:
-        digest += mix(i)
-    return digest & MASK
+def term(url: str, key: str) -> int:
+    """The digest term of the sample ``key`` of the shard ``url`` (about 0.3 us)."""
+    kb = key.encode()
+    return (zlib.crc32(kb, shard_hash(url)) << 32) | zlib.crc32(kb)
+
+
+def digest(samples: Iterable[tuple[str, str]]) -> int:
+    """The digest of ``(url, key)`` pairs: the sum of their terms modulo 2**64."""
+    return sum(term(url, key) for url, key in samples) & MASK
