@@ -11,6 +11,7 @@ from _dist import run_ranks
 from _graphs import indexed_graph
 from shardpipes.dataloader2 import DataLoader2, DistributedReadingService
 from shardpipes.datapipes.iter import IterableWrapper
+from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
 from shardpipes.errors import AttestationError, StateMismatchError
 from shardpipes.index import build_index, default_index_url
 from shardpipes.synthetic import write_synthetic
@@ -253,3 +254,43 @@ def test_ranks_catch_different_shard_lists(nine):
     for kind, text in got:
         assert kind == "other-data"
         assert "other shard lists" in text and "rank(s) 0" in text and "rank(s) 1" in text
+
+
+class StuckSharder(IndexSharderIterDataPipe):
+    """A faulty sharder: whatever rank it is given, it reads rank 0's range."""
+
+    def apply_sharding(self, num_of_instances, instance_id, sharding_group=None):
+        super().apply_sharding(num_of_instances, 0, sharding_group)
+
+
+StuckSharder.__name__ = "IndexSharderIterDataPipe"  # the same plan as the honest stage
+
+
+def rank_whole_epoch(rank, world, paths, stuck_rank):
+    urls = IterableWrapper(paths).shuffle()
+    sharded = StuckSharder(urls) if rank == stuck_rank else urls.sharding_by_index()
+    dp = sharded.open_files_by_fsspec().load_from_tar().webdataset().batch(2)
+    try:
+        with DataLoader2(dp, reading_service=_rs()) as dl:
+            dl.attest(every=100)  # longer than the epoch: only its end is checked
+            dl.seed(1)
+            return ("ok", [_keys(b) for b in dl])
+    except AttestationError as exc:
+        return (exc.fault, str(exc))
+
+
+@pytest.fixture(scope="module")
+def even(tmp_path_factory):
+    return _dataset(tmp_path_factory.mktemp("even"), [11, 13, 8])
+
+
+@pytest.mark.distributed
+def test_epoch_check_against_the_plan(even):
+    honest = run_ranks(rank_whole_epoch, 2, even, -1)
+    assert [kind for kind, _ in honest] == ["ok", "ok"]
+    keys = [k for _, batches in honest for b in batches for k in b]
+    assert len(keys) == len(set(keys)) == 32  # the check passed a run that is right
+    stuck = run_ranks(rank_whole_epoch, 2, even, 1)  # rank 1 reads rank 0's range
+    for rank, (kind, text) in enumerate(stuck):
+        assert kind == "duplicate", text
+        assert f"rank {rank}: epoch 0, step 8: duplicate: ranks 0 and 1 yielded the same 16" in text

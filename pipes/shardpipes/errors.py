@@ -161,7 +161,7 @@ class AttestationError(WorkerError):
 
     Attributes:
         fault: The kind of fault: ``"duplicate"``, ``"out-of-step"``, ``"other-run"``,
-            ``"other-data"`` or ``"skipped"``.
+            ``"dropped-state"``, ``"other-data"``, ``"skipped"`` or ``"other-range"``.
     """
 
     def __init__(self, message: str, *, fault: str = "") -> None:

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from shardpipes.dataloader2._binding import data_digest
 from shardpipes.errors import AttestationError, AttestationWarning
 from shardpipes.plan.identity import MASK, sample_id, term
 
@@ -98,6 +99,12 @@ class Attestor:
         self._position = (0, 0, 0)  # seed, epoch, consumed at the last check
         self._digest = 0
         self._ids = 0
+        self._epoch_digest = 0  # the whole epoch's, on this rank
+        self._epoch_ids = 0
+        self._whole = False  # this epoch started at its first batch (nothing to carry over)
+        self._readers = 1
+        self._expected: tuple[int, int] | None = None  # the dataset's digest and samples
+        self.source: Any = None  # the graph (for the dataset's digest)
         self._timeout = 1800.0
         self._plan_hash = ""
         self._log: Any = None
@@ -135,10 +142,19 @@ class Attestor:
     # --- the epoch -------------------------------------------------------------------------
 
     def start_epoch(
-        self, group: Any, distributed: bool, seed: int, epoch: int, consumed: int, timeout: float
+        self,
+        group: Any,
+        distributed: bool,
+        seed: int,
+        epoch: int,
+        consumed: int,
+        timeout: float,
+        readers: int = 1,
     ) -> None:
         """Before an epoch's first item: agree on the run, check positions (one collective)."""
         self._group, self._distributed = group, distributed
+        self._whole, self._readers = consumed == 0, readers
+        self._epoch_digest = self._epoch_ids = 0
         self._rank = dist.get_rank() if distributed else 0
         self._position = (seed, epoch, consumed)
         self._digest = self._ids = 0
@@ -159,6 +175,8 @@ class Attestor:
         """After an epoch's last item: check the last (partial) window."""
         if self._distributed and self.policy != "off" and self.every and consumed % self.every:
             self._check(consumed)
+        if self._distributed and self.policy != "off" and self.every and self._whole:
+            self._check_epoch(consumed)
         self.last = [seed, epoch, consumed]
         self.before = self.steps
 
@@ -172,8 +190,10 @@ class Attestor:
             d = self._digest
             for url, key in found:
                 d += term(url, key)
+            self._epoch_digest = (self._epoch_digest + d - self._digest) & MASK
             self._digest = d & MASK
             self._ids += len(found)
+            self._epoch_ids += len(found)
             if self.log_dir is not None:
                 self._write(consumed, [sample_id(url, key) for url, key in found])
         if self.every is not None and consumed % self.every == 0 and self._distributed:
@@ -210,6 +230,61 @@ class Attestor:
                 )
                 return
             seen[(digest, n)] = rank
+
+    def _sum(self, values: Sequence[int]) -> list[int]:
+        """Sums over the ranks of 64-bit values, modulo 2**64 (as 16-bit limbs: no overflow)."""
+        limbs = [(v >> (16 * i)) & 0xFFFF for v in values for i in range(4)]
+        t = torch.tensor(limbs, dtype=torch.int64)
+        self._wait(dist.all_reduce(t, group=self._group, async_op=True))
+        got = [int(x) for x in t.tolist()]
+        return [
+            sum(got[4 * j + i] << (16 * i) for i in range(4)) & MASK for j in range(len(values))
+        ]
+
+    def _check_epoch(self, consumed: int) -> None:
+        """At the end of a whole epoch: the union of what all ranks yielded is the dataset.
+
+        Only where the plan promises every sample exactly once: a graph with an index whose
+        samples divide evenly among the readers and whose batches drop nothing.
+        """
+        data = self.data
+        if (
+            self.source is None
+            or data is None
+            or data["samples"] % self._readers
+            or any("d=True" in line for line in self.plan)
+        ):
+            return
+        if self._expected is None:  # the ranks share the reading of the keys, once per loader
+            world = dist.get_world_size()
+            part = data_digest(self.source, self._rank, world)
+            total, count = self._sum(part)
+            self._expected = (total, count)
+        got_digest, got_ids, without = self._sum(
+            [self._epoch_digest, self._epoch_ids, int(self._epoch_ids == 0)]
+        )
+        if without:
+            return  # a rank's batches carry no ids: nothing to compare
+        want_digest, want_ids = self._expected
+        if (got_digest, got_ids) == (want_digest, want_ids):
+            return
+        if got_ids > want_ids:
+            kind, what = "duplicate", f"{got_ids - want_ids} more samples than the dataset holds"
+        elif got_ids < want_ids:
+            kind, what = (
+                "skipped",
+                f"{want_ids - got_ids} of the dataset's samples were not yielded",
+            )
+        else:
+            kind, what = (
+                "other-range",
+                "as many samples as the dataset holds, but other ones (some twice, some never)",
+            )
+        self._position = (self._position[0], self._position[1], consumed)
+        self._fault(
+            kind,
+            f"the ranks together yielded {got_ids} samples this epoch, the plan {want_ids}: {what}",
+        )
 
     def _gather_details(self, proposal: int) -> list[dict[str, int]]:
         seed, epoch, consumed = self._position

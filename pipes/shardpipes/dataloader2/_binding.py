@@ -31,12 +31,14 @@ from torch.utils.data import IterDataPipe
 from shardpipes.dataloader2.graph import stages_of
 from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
 from shardpipes.index.document import ShardIndex, find_index
+from shardpipes.plan.identity import MASK, digest
 
 __all__ = [
     "KEY",
     "ON_CHANGE",
     "OnChange",
     "changes",
+    "data_digest",
     "describe_data",
     "describe_plan",
     "position_faults",
@@ -65,27 +67,54 @@ def _sharder(datapipe: IterDataPipe[Any]) -> IndexSharderIterDataPipe | None:
     return found[0] if len(found) == 1 else None
 
 
+def _shards(datapipe: IterDataPipe[Any]) -> tuple[list[str], ShardIndex] | None:
+    """The sorted shard URLs the graph's ``sharding_by_index`` reads, and its index."""
+    sharder = _sharder(datapipe)
+    if sharder is None:
+        return None
+    urls = sorted({str(u) for u in copy.deepcopy(sharder.source_datapipe)})
+    if isinstance(sharder.index, ShardIndex):
+        return urls, sharder.index
+    where = sharder.index or (
+        find_index(urls, storage_options=sharder.storage_options) if urls else None
+    )
+    if where is None:
+        return None  # the stage itself will say how to build one
+    return urls, ShardIndex.load(where, storage_options=sharder.storage_options)
+
+
+def data_digest(datapipe: IterDataPipe[Any], part: int, parts: int) -> tuple[int, int]:
+    """``(digest, samples)`` of the shards ``part``, ``part + parts``, ... the graph reads.
+
+    Reads those shards' keys from the index (its per-shard sample files): the ranks share the
+    work, and the sums of their parts are the digest of the whole dataset.
+    """
+    found = _shards(datapipe)
+    if found is None:
+        return 0, 0
+    urls, index = found
+    positions = index.positions(urls).tolist()
+    total, count = 0, 0
+    for url, p in list(zip(urls, positions, strict=True))[part::parts]:
+        keys = index.shards[p].keys
+        total = (total + digest((url, k) for k in keys)) & MASK
+        count += len(keys)
+    return total, count
+
+
 def describe_data(datapipe: IterDataPipe[Any]) -> dict[str, Any] | None:
     """The summary and hashes of the index entries the graph reads; ``None`` without an index.
 
     Reads the shard list (a copy of the stages before ``sharding_by_index``) and the index
     once; the loader keeps the result.
     """
-    sharder = _sharder(datapipe)
-    if sharder is None:
+    found = _shards(datapipe)
+    if found is None:
         return None
-    urls = sorted({str(u) for u in copy.deepcopy(sharder.source_datapipe)})
+    urls, index = found
     if not urls:
         return {"shards": 0, "samples": 0, "bytes": 0, "names": _hash(()), "content": _hash(())}
-    if isinstance(sharder.index, ShardIndex):
-        index = sharder.index
-    else:
-        where = sharder.index or find_index(urls, storage_options=sharder.storage_options)
-        if where is None:
-            return None  # the stage itself will say how to build one
-        index = ShardIndex.load(where, storage_options=sharder.storage_options)
-    positions = index.positions(urls).tolist()
-    entries = [index.shards[p] for p in positions]
+    entries = [index.shards[p] for p in index.positions(urls).tolist()]
     lines = [
         f"{url}\t{e.num_samples}\t{e.total_bytes}\t{e.etag or ''}"
         for url, e in zip(urls, entries, strict=True)

@@ -373,7 +373,11 @@ class DataLoader2(Generic[T]):
         distributed = bool(dist_rs) and dist.is_available() and dist.is_initialized()
         group = dist_rs[0]._group if dist_rs else None
         timeout = dist_rs[0].timeout if dist_rs else 1800.0
-        self._attest.start_epoch(group, distributed, seed, epoch, self._consumed, timeout)
+        world, workers, _ = _topology(self.reading_service)
+        self._attest.source = self.datapipe
+        self._attest.start_epoch(
+            group, distributed, seed, epoch, self._consumed, timeout, world * max(workers, 1)
+        )
 
     def _run(
         self, it: Iterator[T], generator: EpochPlan, skip: int, before: Any
