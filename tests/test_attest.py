@@ -13,8 +13,10 @@ from shardpipes.dataloader2 import DataLoader2, DistributedReadingService
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
 from shardpipes.errors import AttestationError, StateMismatchError
-from shardpipes.index import build_index, default_index_url
+from shardpipes.cli import main
+from shardpipes.index import ShardIndex, build_index, default_index_url
 from shardpipes.synthetic import write_synthetic
+from shardpipes.verify import verify
 
 
 def _dataset(folder, counts):
@@ -294,3 +296,63 @@ def test_epoch_check_against_the_plan(even):
     for rank, (kind, text) in enumerate(stuck):
         assert kind == "duplicate", text
         assert f"rank {rank}: epoch 0, step 8: duplicate: ranks 0 and 1 yielded the same 16" in text
+
+
+# --- shardpipes verify ------------------------------------------------------------------------
+
+
+def _states_and_log(paths, log_dir, faulty):
+    """A run saving states after 2 and 4 batches; ``faulty``: the resume restarts at zero."""
+    states = []
+    with DataLoader2(_plain(paths, sharded=True)) as dl:
+        dl.attest(log_dir=log_dir)
+        dl.seed(1)
+        it = iter(dl)
+        for _ in range(2):
+            next(it)
+        states.append(dl.state_dict())
+    with DataLoader2(_plain(paths, sharded=True)) as dl:
+        dl.attest(log_dir=log_dir)
+        if faulty:
+            dl.seed(1)  # the bug: the state is not loaded, the epoch starts over
+            dl._attest.restore(states[0]["binding"])  # but the run's counters carry on
+        else:
+            dl.load_state_dict(states[0])
+        it = iter(dl)
+        for _ in range(2):
+            next(it)
+        states.append(dl.state_dict())
+        for _ in it:
+            pass
+        states.append(dl.state_dict())
+    return states
+
+
+@pytest.mark.parametrize("faulty", [False, True], ids=["honest", "restart-at-zero"])
+def test_verify_replays_states_and_logs(nine, tmp_path, faulty):
+    index = ShardIndex.load(default_index_url(nine))
+    states = _states_and_log(nine, str(tmp_path / "ids"), faulty)
+    by_states = verify(index, world=1, workers=0, batch_size=2, states=states)
+    by_logs = verify(index, world=1, workers=0, batch_size=2, log_dir=str(tmp_path / "ids"))
+    assert [(r.seed, r.epoch, r.expected) for r in by_logs] == [(1, 0, 31)]
+    log = by_logs[0]
+    if not faulty:
+        assert (log.read, log.duplicated, log.missing) == (31, 0, 0) and log.ok
+        assert all(r.ok for r in by_states)
+    else:
+        assert (log.read, log.duplicated, log.missing) == (35, 4, 0) and not log.ok
+        assert by_states[0].duplicated == 4
+        assert "a restart read 2 again" in by_states[0].line()
+
+
+def test_verify_on_the_command_line(nine, tmp_path, capsys):
+    states = _states_and_log(nine, str(tmp_path / "ids"), faulty=True)
+    files = []
+    for i, state in enumerate(states):
+        files.append(str(tmp_path / f"state-{i}.json"))
+        with open(files[-1], "w") as f:
+            json.dump(state, f)
+    args = ["verify", default_index_url(nine), *files, "--world", "1", "--batch-size", "2"]
+    assert main([*args, "--logs", str(tmp_path / "ids")]) == 1
+    out = capsys.readouterr().out
+    assert "seed 1 epoch 0: expected 31, read 35, duplicated 4, missing 0" in out
