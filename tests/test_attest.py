@@ -9,11 +9,11 @@ import pytest
 
 from _dist import run_ranks
 from _graphs import indexed_graph
+from shardpipes.cli import main
 from shardpipes.dataloader2 import DataLoader2, DistributedReadingService
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
 from shardpipes.errors import AttestationError, StateMismatchError
-from shardpipes.cli import main
 from shardpipes.index import ShardIndex, build_index, default_index_url
 from shardpipes.synthetic import write_synthetic
 from shardpipes.verify import verify
