@@ -356,3 +356,16 @@ def test_verify_on_the_command_line(nine, tmp_path, capsys):
     assert main([*args, "--logs", str(tmp_path / "ids")]) == 1
     out = capsys.readouterr().out
     assert "seed 1 epoch 0: expected 31, read 35, duplicated 4, missing 0" in out
+
+
+@pytest.mark.distributed
+def test_ranks_catch_a_state_dropped_when_the_world_grows(nine):
+    """Saved on 1 rank, resumed on 2 where rank 1 got no state (Megatron-Bridge PR 5637's shape)."""
+    (saved,) = run_ranks(rank_saves, 1, nine, 2)
+    grown = run_ranks(rank_resumes, 2, nine, [saved[0], None])
+    for rank, (kind, text) in enumerate(grown):
+        assert kind == "dropped-state", text
+        assert f"rank {rank}: epoch 0, step " in text
+        assert "rank(s) 1 start without a loader state while rank(s) 0 resume one" in text
+    both = run_ranks(rank_resumes, 2, nine, [saved[0], saved[0]])  # the elastic resume, right
+    assert [kind for kind, _ in both] == ["ok", "ok"]
