@@ -14,6 +14,8 @@ from __future__ import annotations
 import errno
 
 __all__ = [
+    "AttestationError",
+    "AttestationWarning",
     "DecodeError",
     "EmptyEpochWarning",
     "ForbiddenShardError",
@@ -27,6 +29,7 @@ __all__ = [
     "ShardpipesError",
     "ShardpipesWarning",
     "SkippedInputWarning",
+    "StateMismatchError",
     "WorkerError",
 ]
 
@@ -159,3 +162,32 @@ class ShardingWarning(ShardpipesWarning):
 
 class EmptyEpochWarning(ShardpipesWarning):
     """An epoch yielded nothing, or a stage dropped everything it received; the message names it."""
+
+
+class StateMismatchError(ShardpipesError, ValueError):
+    """A loader state does not belong to this loader: other data, another plan, rank or run.
+
+    Attributes:
+        changes: What differs, one sentence each (e.g. ``"shards added: 3 -> 4 shards"``).
+    """
+
+    def __init__(self, message: str, *, changes: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.changes = changes
+
+
+class AttestationError(WorkerError):
+    """The ranks' check of what they yielded failed: duplicates, a skip, ranks out of step.
+
+    Attributes:
+        fault: The kind of fault: ``"duplicate"``, ``"out-of-step"``, ``"other-run"``,
+            ``"dropped-state"``, ``"other-data"``, ``"skipped"`` or ``"other-range"``.
+    """
+
+    def __init__(self, message: str, *, fault: str = "") -> None:
+        super().__init__(message)
+        self.fault = fault
+
+
+class AttestationWarning(ShardpipesWarning):
+    """The same faults as :class:`AttestationError`, under the ``"warn"`` policy."""

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 __all__ = ["COMMANDS", "main"]
 
-COMMANDS = ("demo", "write", "index", "inspect", "splits", "bench")
+COMMANDS = ("demo", "write", "index", "inspect", "splits", "bench", "verify")
 
 
 def build_parser() -> argparse.ArgumentParser:

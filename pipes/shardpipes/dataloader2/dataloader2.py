@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import IterDataPipe, MapDataPipe
 
+from shardpipes.dataloader2 import _binding
+from shardpipes.dataloader2._attest import Attestor, Policy
 from shardpipes.dataloader2._stats import check_epoch
 from shardpipes.dataloader2.adapter import Adapter
 from shardpipes.dataloader2.error import PauseIteration
@@ -35,7 +37,7 @@ from shardpipes.dataloader2.reading_service import (
     handed,
 )
 from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe
-from shardpipes.errors import ShardingWarning
+from shardpipes.errors import ShardingWarning, StateMismatchError
 from shardpipes.handlers import SkipStats
 from shardpipes.plan.epoch import EpochPlan
 from shardpipes.plan.resume import Segment
@@ -220,6 +222,8 @@ class DataLoader2(Generic[T]):
         # Or, with an index: the stretches of the epoch to resume by seeking (shardpipes.plan.resume).
         self._resume_segments: tuple[Segment, ...] = ()
         self._skipped_at_start = 0
+        self._attest = Attestor()  # ids, the ranks' check, what a state is bound to
+        self._described = False
         if (
             dist.is_available()
             and dist.is_initialized()
@@ -249,9 +253,41 @@ class DataLoader2(Generic[T]):
         """Use ``seed`` (any integer) from the next epoch on, and count epochs from 0 again."""
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise TypeError(f"seed should be an int, got {seed!r}")
+        if self._resume_segments or self._skip:
+            raise ValueError(
+                f"seed({seed}) would discard the position restored by load_state_dict() (batch "
+                f"{self._resume_segments[-1].consumed if self._resume_segments else self._skip} "
+                "of a started epoch) and start over at zero; call seed() before "
+                "load_state_dict(), or not at all when resuming"
+            )
         self._seed = seed
         self._epoch = 0
         self._pending = None
+
+    def attest(
+        self, *, every: int | None = 64, policy: Policy = "raise", log_dir: str | None = None
+    ) -> None:
+        """Turn on the ranks' check of the samples they yield (see docs/attestation.md).
+
+        Without this call the ranks check their run, data, plan and position once per epoch
+        (one collective, at its start) and fold no ids: the per-batch cost of folding was
+        measured above 1% of a small-sample loader's time (``benchmarks/attest_cost.py``).
+
+        Args:
+            every: Batches between two checks (``None``: only at epoch starts). Default: ``64``.
+            policy: ``"raise"`` (default), ``"warn"`` or ``"off"``.
+            log_dir: A folder where each rank appends the ids of its batches
+                (``ids-rank{R}.bin``), for ``shardpipes verify``. Default: no log.
+        """
+        self._attest.configure(every, policy, log_dir)
+
+    def _describe(self) -> None:
+        if not self._described and self.datapipe is not None:
+            self._attest.data = _binding.describe_data(self.datapipe)
+            self._attest.plan = _binding.describe_plan(
+                self.datapipe, _services(self.reading_service)
+            )
+            self._described = True
 
     def _pause(self) -> None:
         """Stop yielding until :meth:`_resume` (torchdata 0.9's); the epoch stays open."""
@@ -326,6 +362,7 @@ class DataLoader2(Generic[T]):
             )
             if callable(found) and not isinstance(found, SeedGenerator | EpochPlan):
                 self._graph = found(self._graph)  # a 0.9 service's iter_reset_fn
+            self._start_attest(seed, generator.epoch)
             fresh = not skip and not generator.resume  # a whole epoch: check it yields something
             before = self.reading_service.flows() if fresh else None
             self._datapipe_iter = iter(self._graph)
@@ -335,6 +372,20 @@ class DataLoader2(Generic[T]):
         self._active = self._run(self._datapipe_iter, generator, skip, before)
         self.valid_iterator_id = 0 if self.valid_iterator_id is None else self.valid_iterator_id + 1
         return DataLoader2Iterator(self, self.valid_iterator_id)
+
+    def _start_attest(self, seed: int, epoch: int) -> None:
+        self._describe()
+        dist_rs = [
+            s for s in _services(self.reading_service) if isinstance(s, DistributedReadingService)
+        ]
+        distributed = bool(dist_rs) and dist.is_available() and dist.is_initialized()
+        group = dist_rs[0]._group if dist_rs else None
+        timeout = dist_rs[0].timeout if dist_rs else 1800.0
+        world, workers, _ = _topology(self.reading_service)
+        self._attest.source = self.datapipe
+        self._attest.start_epoch(
+            group, distributed, seed, epoch, self._consumed, timeout, world * max(workers, 1)
+        )
 
     def _run(
         self, it: Iterator[T], generator: EpochPlan, skip: int, before: Any
@@ -348,10 +399,13 @@ class DataLoader2(Generic[T]):
                     f"the restored state says {skip} items of epoch {generator.epoch} were "
                     "consumed, but this epoch has fewer: is it the same graph and data?"
                 )
+            attest = self._attest.yielded
             for item in it:
                 self._consumed += 1
                 yielded += 1
+                attest(item, self._consumed)
                 yield item
+            self._attest.end_epoch(self._epoch_seed, generator.epoch, self._consumed)
             self._current = None  # the epoch is complete
             self._log_epoch(self._epochs_run - 1)
             after = self.reading_service.flows() if before is not None else None
@@ -438,6 +492,7 @@ class DataLoader2(Generic[T]):
             consumed = self._resume_segments[-1].consumed if self._resume_segments else self._skip
         if graph and self._serialized is None and self.datapipe is not None:
             self._serialized = _serialize(self.datapipe)
+        self._describe()
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
@@ -452,6 +507,7 @@ class DataLoader2(Generic[T]):
             "skipped": skipped,
             "epochs_run": self._epochs_run - (1 if in_epoch else 0),
             "mixture": mixture_state(self._graph if self._graph is not None else self.datapipe),
+            _binding.KEY: self._attest.binding(seed, epoch),
             SERIALIZED_DATAPIPE_KEY_NAME: self._serialized if graph else None,
             READING_SERVICE_STATE_KEY_NAME: (
                 self.reading_service.checkpoint()
@@ -469,13 +525,26 @@ class DataLoader2(Generic[T]):
         loader.load_state_dict(state)
         return loader
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(
+        self, state_dict: dict[str, Any], *, on_change: _binding.OnChange = "raise"
+    ) -> None:
         """Continue from ``state_dict`` (from :meth:`state_dict`) at the next ``iter()``.
 
         A loader made with ``datapipe=None`` takes the graph saved in the state (it is saved
         when it can be pickled). A state of torchdata 0.9 brings only its graph.
 
+        The state is bound to the data and the plan it was taken with (docs/attestation.md):
+        with a shard index, loading it over other shards (added, removed, resized, rewritten)
+        or another plan (another ``shuffle`` buffer, ``batch`` size, policy) raises, unless
+        ``on_change`` says how to continue: ``"restart_epoch"`` starts the state's epoch
+        again from its first batch on the new data, ``"next_epoch"`` starts the epoch after it.
+        A state saved by another rank (on the same number of ranks) is refused whatever
+        ``on_change`` says; states of another run are found by the ranks' first check.
+
         Raises:
+            StateMismatchError: The data or the plan changed, or the state is another rank's,
+                or its position contradicts itself (reset to zero, an epoch skipped); the
+                message says what.
             KeyError: A key of the state is missing.
             ValueError: The state is from another format or version; or it was saved with
                 another number of ranks or workers and the graph cannot resume by seeking (it
@@ -505,6 +574,9 @@ class DataLoader2(Generic[T]):
             )
         check_mixture_state(self.datapipe, state.get("mixture"))
         world, workers, distributed = _topology(self.reading_service)
+        restart = self._check_binding(state, on_change, (world, workers, distributed))
+        if restart is not None:
+            state = restart
         saved = Segment(
             int(state["world_size"]),
             int(state["num_workers"]),
@@ -564,6 +636,54 @@ class DataLoader2(Generic[T]):
             self._pending = (int(state["seed"]), int(state["epoch"]))
         self._skip, self._resume_segments = skip, resume
         self._epochs_run = epochs_run
+        self._attest.restore(state.get(_binding.KEY) or {})
+
+    def _check_binding(
+        self, state: dict[str, Any], on_change: str, topology: tuple[int, int, bool]
+    ) -> dict[str, Any] | None:
+        """Refuse a state bound to other data, plan or rank; return the state to continue from."""
+        if on_change not in _binding.ON_CHANGE:
+            raise ValueError(
+                f"on_change {on_change!r} is not known; must be one of {', '.join(_binding.ON_CHANGE)}"
+            )
+        binding = state.get(_binding.KEY)
+        if not binding:
+            return None  # a state of an earlier shardpipes: not bound
+        faults = _binding.position_faults(state)
+        if faults:
+            raise StateMismatchError(
+                "this loader state contradicts itself: " + "; ".join(faults), changes=tuple(faults)
+            )
+        world, _, distributed = topology
+        rank = dist.get_rank() if distributed and dist.is_initialized() else 0
+        saved_world = int(state["world_size"])
+        if binding.get("rank", rank) != rank and saved_world == world:
+            raise StateMismatchError(
+                f"this loader state was saved by rank {binding['rank']} and is loaded on rank "
+                f"{rank} of the same {world} ranks: each rank loads the state it saved (only "
+                "when the job restarts with another number of ranks may a rank load any rank's)",
+                changes=(f"rank {binding['rank']} -> {rank}",),
+            )
+        self._describe()
+        found = _binding.changes(binding, self._attest.data, self._attest.plan)
+        if not found:
+            return None
+        if on_change == "raise":
+            raise StateMismatchError(
+                "this loader state was taken with other data or another plan: "
+                + "; ".join(found)
+                + ". Resuming by position would yield the wrong samples; pass "
+                "load_state_dict(state, on_change='restart_epoch' or 'next_epoch') to continue "
+                "on the new data",
+                changes=tuple(found),
+            )
+        logger.warning(
+            "loader state: %s; continuing with on_change=%r", "; ".join(found), on_change
+        )
+        epoch = int(state["epoch"]) + (1 if on_change == "next_epoch" else 0)
+        moved = {**state, "epoch": epoch, "consumed": 0, "segments": [], "skipped": 0}
+        moved[_binding.KEY] = {**binding, "steps": binding.get("before", 0)}
+        return moved
 
     def shutdown(self) -> None:
         """End the current epoch, stop workers and release process groups. Idempotent."""
@@ -574,6 +694,7 @@ class DataLoader2(Generic[T]):
             self._close_active()
         finally:
             self.reading_service.finalize()
+            self._attest.close()
 
     def __enter__(self) -> DataLoader2[T]:
         return self

@@ -1,0 +1,371 @@
+"""Checkpoints bound to the data and the plan; sample identities; the cross-rank check (issue 28)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from _dist import run_ranks
+from _graphs import indexed_graph
+from shardpipes.cli import main
+from shardpipes.dataloader2 import DataLoader2, DistributedReadingService
+from shardpipes.datapipes.iter import IterableWrapper
+from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
+from shardpipes.errors import AttestationError, StateMismatchError
+from shardpipes.index import ShardIndex, build_index, default_index_url
+from shardpipes.synthetic import write_synthetic
+from shardpipes.verify import verify
+
+
+def _dataset(folder, counts):
+    paths = write_synthetic(folder, shards=len(counts), samples=counts, payload_bytes=16)
+    build_index(paths, progress=False).save(default_index_url(paths))
+    return paths
+
+
+def _state_after(paths, batches=3):
+    with DataLoader2(indexed_graph(paths)) as dl:
+        dl.seed(5)
+        it = iter(dl)
+        for _ in range(batches):
+            next(it)
+        return dl.state_dict()
+
+
+def test_resume_refused_after_a_shard_is_added(tmp_path):
+    """The issue's example (a): a shard added and the index rebuilt."""
+    paths = _dataset(tmp_path, [10, 10, 10])
+    state = _state_after(paths)
+    paths = _dataset(tmp_path, [10, 10, 10, 10])
+    with DataLoader2(indexed_graph(paths)) as dl, pytest.raises(ValueError, match="added"):
+        dl.load_state_dict(state)
+
+
+def test_resume_refused_after_a_shard_is_rewritten_smaller(tmp_path):
+    """The issue's example (b): a shard rewritten with fewer samples under the same name."""
+    paths = _dataset(tmp_path, [10, 10, 10])
+    state = _state_after(paths)
+    os.remove(default_index_url(paths))
+    paths = _dataset(tmp_path, [10, 3, 10])
+    with DataLoader2(indexed_graph(paths)) as dl, pytest.raises(ValueError, match="resized"):
+        dl.load_state_dict(state)
+
+
+def _all(paths, state, **kwargs):
+    with DataLoader2(indexed_graph(paths, **kwargs)) as dl:
+        dl.load_state_dict(state, on_change="restart_epoch")
+        return [x for b in dl for x in b]
+
+
+def test_on_change_restarts_the_epoch_on_the_new_data(tmp_path):
+    paths = _dataset(tmp_path, [10, 10, 10])
+    state = _state_after(paths)
+    paths = _dataset(tmp_path, [10, 10, 10, 10])
+    got = _all(paths, state)
+    assert sorted(got) == list(range(40))  # the whole epoch of the new data, from its start
+    with DataLoader2(indexed_graph(paths)) as dl:
+        dl.load_state_dict(state, on_change="next_epoch")
+        assert dl.state_dict()["epoch"] == state["epoch"] + 1
+    with (
+        DataLoader2(indexed_graph(paths)) as dl,
+        pytest.raises(ValueError, match="on_change 'ignore' is not known"),
+    ):
+        dl.load_state_dict(state, on_change="ignore")
+
+
+def test_resume_refused_with_another_plan(tmp_path):
+    paths = _dataset(tmp_path, [10, 10, 10])
+    state = _state_after(paths)
+    with (
+        DataLoader2(indexed_graph(paths, buffer_size=32)) as dl,
+        pytest.raises(StateMismatchError, match=r"Shuffler\(b=16\) -> Shuffler\(b=32\)"),
+    ):
+        dl.load_state_dict(state)
+
+
+def test_unchanged_data_resumes_exactly(tmp_path):
+    paths = _dataset(tmp_path, [10, 10, 10])
+    with DataLoader2(indexed_graph(paths)) as dl:
+        dl.seed(5)
+        full = [list(b) for b in dl]
+    state = _state_after(paths)
+    with DataLoader2(indexed_graph(paths)) as dl:
+        dl.load_state_dict(state)
+        assert [list(b) for b in dl] == full[3:]
+
+
+def test_seed_after_restore_would_restart_at_zero(tmp_path):
+    """A second resume that silently restarts at zero (huggingface/datasets#8308's shape)."""
+    paths = _dataset(tmp_path, [10, 10, 10])
+    state = _state_after(paths)
+    with DataLoader2(indexed_graph(paths)) as dl:
+        dl.load_state_dict(state)
+        with pytest.raises(ValueError, match=r"seed\(5\) would discard the position"):
+            dl.seed(5)
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        ({"consumed": 0}, "reset to zero: a restart would repeat 3 items"),
+        ({"consumed": 1}, "edited: a restart would repeat 2 items"),
+    ],
+    ids=["reset-to-zero", "moved-back"],
+)
+def test_state_whose_position_contradicts_itself(tmp_path, edit, match):
+    paths = _dataset(tmp_path, [10, 10, 10])
+    state = {**_state_after(paths), **edit}
+    with DataLoader2(indexed_graph(paths)) as dl, pytest.raises(StateMismatchError, match=match):
+        dl.load_state_dict(state)
+
+
+def test_skip_at_an_epoch_boundary(tmp_path):
+    """A state at an epoch boundary whose epoch jumped (verl-project/verl#7401's shape)."""
+    paths = _dataset(tmp_path, [10, 10, 10])
+    with DataLoader2(indexed_graph(paths)) as dl:
+        dl.seed(5)
+        for _ in dl:
+            pass
+        state = dl.state_dict()
+    assert (state["epoch"], state["consumed"]) == (1, 0)
+    with DataLoader2(indexed_graph(paths)) as dl:
+        dl.load_state_dict(state)  # the honest state loads
+    with (
+        DataLoader2(indexed_graph(paths)) as dl,
+        pytest.raises(StateMismatchError, match="last epoch this run completed was epoch 0"),
+    ):
+        dl.load_state_dict({**state, "epoch": 2})
+
+
+def test_a_state_and_its_binding_travel_as_json(tmp_path):
+    paths = _dataset(tmp_path, [10, 10, 10])
+    state = json.loads(json.dumps(_state_after(paths)))
+    binding = state["binding"]
+    assert binding["data"]["shards"] == 3 and binding["data"]["samples"] == 30
+    assert binding["rank"] == 0 and len(binding["run"]) == 16
+    assert binding["steps"] == 3 and binding["before"] == 0
+
+
+# --- the ranks' check, on real gloo ranks -------------------------------------------------
+
+
+def _rs():
+    return DistributedReadingService(timeout=60)
+
+
+def _plain(paths, *, sharded=True, index=True):
+    """Batches of sample dicts (they keep ``__url__`` and ``__key__``: their identity)."""
+    dp = IterableWrapper(paths).shuffle()
+    if sharded:
+        dp = dp.sharding_by_index() if index else dp.sharding_filter()
+    return dp.open_files_by_fsspec().load_from_tar().webdataset().batch(2)
+
+
+def _keys(batch):
+    return [s["__key__"] for s in batch]
+
+
+def rank_saves(rank, world, paths, k):
+    """Each rank's state after k batches, and after 2k batches."""
+    with DataLoader2(_plain(paths), reading_service=_rs()) as dl:
+        dl.attest(every=2)
+        dl.seed(1)
+        it = iter(dl)
+        states = []
+        for _ in range(2):
+            for _ in range(k):
+                next(it)
+            states.append(dl.state_dict())
+    return states
+
+
+def rank_resumes(rank, world, paths, states):
+    """Load ``states[rank]`` (``None``: no state) and read the epoch; the error text if any."""
+    try:
+        with DataLoader2(_plain(paths), reading_service=_rs()) as dl:
+            dl.attest(every=2)
+            if states[rank] is not None:
+                dl.load_state_dict(states[rank])
+            else:
+                dl.seed(1)
+            it = iter(dl)
+            return ("ok", [_keys(b) for b in it])
+    except AttestationError as exc:
+        return (exc.fault, str(exc))
+
+
+@pytest.fixture(scope="module")
+def nine(tmp_path_factory):
+    return _dataset(tmp_path_factory.mktemp("nine"), [11, 13, 7])
+
+
+@pytest.mark.distributed
+def test_ranks_catch_faulty_resumes(nine, tmp_path):
+    first = run_ranks(rank_saves, 2, nine, 2)  # one run: states after 2 and 4 batches
+    other = run_ranks(rank_saves, 2, nine, 2)  # another run of the same job
+    honest = run_ranks(rank_resumes, 2, nine, [first[0][1], first[1][1]])
+    assert [r[0] for r in honest] == ["ok", "ok"]
+    cases = {
+        # a stale state file from another run on rank 1
+        "other-run": [first[0][1], other[1][1]],
+        # rank 1's state lost (e.g. when the number of ranks changed): it starts fresh
+        "dropped-state": [first[0][1], None],
+        # rank 1 resumes an older checkpoint of the same run: a restart of its stretch
+        "out-of-step": [first[0][1], first[1][0]],
+    }
+    for fault, states in cases.items():
+        got = run_ranks(rank_resumes, 2, nine, states)
+        for rank, (kind, text) in enumerate(got):
+            assert kind == fault, (fault, rank, text)
+            assert f"rank {rank}: epoch 0, step " in text
+
+
+def rank_unsharded(rank, world, paths):
+    try:
+        with DataLoader2(_plain(paths, sharded=False), reading_service=_rs()) as dl:
+            dl.attest(every=4)
+            dl.seed(1)
+            return ("ok", len([b for b in dl]))
+    except AttestationError as exc:
+        return (exc.fault, str(exc))
+
+
+@pytest.mark.distributed
+def test_ranks_catch_every_rank_reading_the_same_samples(nine):
+    """Every rank drew the same sequence (yaak-ai/rbyte PR 106's shape): the first window."""
+    got = run_ranks(rank_unsharded, 2, nine)
+    for rank, (kind, text) in enumerate(got):
+        assert kind == "duplicate"
+        assert f"rank {rank}: epoch 0, step 4: duplicate: ranks 0 and 1 yielded the same 8" in text
+
+
+def rank_lists(rank, world, paths):
+    try:
+        with DataLoader2(_plain(paths[: 2 + rank]), reading_service=_rs()) as dl:
+            dl.seed(1)
+            return ("ok", len([b for b in dl]))
+    except AttestationError as exc:
+        return (exc.fault, str(exc))
+
+
+@pytest.mark.distributed
+def test_ranks_catch_different_shard_lists(nine):
+    got = run_ranks(rank_lists, 2, nine)
+    for kind, text in got:
+        assert kind == "other-data"
+        assert "other shard lists" in text and "rank(s) 0" in text and "rank(s) 1" in text
+
+
+class StuckSharder(IndexSharderIterDataPipe):
+    """A faulty sharder: whatever rank it is given, it reads rank 0's range."""
+
+    def apply_sharding(self, num_of_instances, instance_id, sharding_group=None):
+        super().apply_sharding(num_of_instances, 0, sharding_group)
+
+
+StuckSharder.__name__ = "IndexSharderIterDataPipe"  # the same plan as the honest stage
+
+
+def rank_whole_epoch(rank, world, paths, stuck_rank):
+    urls = IterableWrapper(paths).shuffle()
+    sharded = StuckSharder(urls) if rank == stuck_rank else urls.sharding_by_index()
+    dp = sharded.open_files_by_fsspec().load_from_tar().webdataset().batch(2)
+    try:
+        with DataLoader2(dp, reading_service=_rs()) as dl:
+            dl.attest(every=100)  # longer than the epoch: only its end is checked
+            dl.seed(1)
+            return ("ok", [_keys(b) for b in dl])
+    except AttestationError as exc:
+        return (exc.fault, str(exc))
+
+
+@pytest.fixture(scope="module")
+def even(tmp_path_factory):
+    return _dataset(tmp_path_factory.mktemp("even"), [11, 13, 8])
+
+
+@pytest.mark.distributed
+def test_epoch_check_against_the_plan(even):
+    honest = run_ranks(rank_whole_epoch, 2, even, -1)
+    assert [kind for kind, _ in honest] == ["ok", "ok"]
+    keys = [k for _, batches in honest for b in batches for k in b]
+    assert len(keys) == len(set(keys)) == 32  # the check passed a run that is right
+    stuck = run_ranks(rank_whole_epoch, 2, even, 1)  # rank 1 reads rank 0's range
+    for rank, (kind, text) in enumerate(stuck):
+        assert kind == "duplicate", text
+        assert f"rank {rank}: epoch 0, step 8: duplicate: ranks 0 and 1 yielded the same 16" in text
+
+
+# --- shardpipes verify ------------------------------------------------------------------------
+
+
+def _states_and_log(paths, log_dir, faulty):
+    """A run saving states after 2 and 4 batches; ``faulty``: the resume restarts at zero."""
+    states = []
+    with DataLoader2(_plain(paths, sharded=True)) as dl:
+        dl.attest(log_dir=log_dir)
+        dl.seed(1)
+        it = iter(dl)
+        for _ in range(2):
+            next(it)
+        states.append(dl.state_dict())
+    with DataLoader2(_plain(paths, sharded=True)) as dl:
+        dl.attest(log_dir=log_dir)
+        if faulty:
+            dl.seed(1)  # the bug: the state is not loaded, the epoch starts over
+            dl._attest.restore(states[0]["binding"])  # but the run's counters carry on
+        else:
+            dl.load_state_dict(states[0])
+        it = iter(dl)
+        for _ in range(2):
+            next(it)
+        states.append(dl.state_dict())
+        for _ in it:
+            pass
+        states.append(dl.state_dict())
+    return states
+
+
+@pytest.mark.parametrize("faulty", [False, True], ids=["honest", "restart-at-zero"])
+def test_verify_replays_states_and_logs(nine, tmp_path, faulty):
+    index = ShardIndex.load(default_index_url(nine))
+    states = _states_and_log(nine, str(tmp_path / "ids"), faulty)
+    by_states = verify(index, world=1, workers=0, batch_size=2, states=states)
+    by_logs = verify(index, world=1, workers=0, batch_size=2, log_dir=str(tmp_path / "ids"))
+    assert [(r.seed, r.epoch, r.expected) for r in by_logs] == [(1, 0, 31)]
+    log = by_logs[0]
+    if not faulty:
+        assert (log.read, log.duplicated, log.missing) == (31, 0, 0) and log.ok
+        assert all(r.ok for r in by_states)
+    else:
+        assert (log.read, log.duplicated, log.missing) == (35, 4, 0) and not log.ok
+        assert by_states[0].duplicated == 4
+        assert "a restart read 2 again" in by_states[0].line()
+
+
+def test_verify_on_the_command_line(nine, tmp_path, capsys):
+    states = _states_and_log(nine, str(tmp_path / "ids"), faulty=True)
+    files = []
+    for i, state in enumerate(states):
+        files.append(str(tmp_path / f"state-{i}.json"))
+        with open(files[-1], "w") as f:
+            json.dump(state, f)
+    args = ["verify", default_index_url(nine), *files, "--world", "1", "--batch-size", "2"]
+    assert main([*args, "--logs", str(tmp_path / "ids")]) == 1
+    out = capsys.readouterr().out
+    assert "seed 1 epoch 0: expected 31, read 35, duplicated 4, missing 0" in out
+
+
+@pytest.mark.distributed
+def test_ranks_catch_a_state_dropped_when_the_world_grows(nine):
+    """Saved on 1 rank, resumed on 2 where rank 1 got no state (Megatron-Bridge PR 5637's shape)."""
+    (saved,) = run_ranks(rank_saves, 1, nine, 2)
+    grown = run_ranks(rank_resumes, 2, nine, [saved[0], None])
+    for rank, (kind, text) in enumerate(grown):
+        assert kind == "dropped-state", text
+        assert f"rank {rank}: epoch 0, step " in text
+        assert "rank(s) 1 start without a loader state while rank(s) 0 resume one" in text
+    both = run_ranks(rank_resumes, 2, nine, [saved[0], saved[0]])  # the elastic resume, right
+    assert [kind for kind, _ in both] == ["ok", "ok"]
