@@ -27,7 +27,7 @@ class _Tag:
         self.name = name
 
     def __call__(self, sample: dict[str, Any]) -> str:
-        return f"{self.name}{json.loads(sample['.json'])['id']}"
+        return f"{self.name}{json.loads(bytes(sample['.json']))['id']}"
 
 
 @pytest.fixture(scope="module")
