@@ -110,7 +110,7 @@ def test_resume_continues_batch_for_batch(indexed, workers):
     assert len(pickle.dumps(states[PER_EPOCH // 2])) < 512  # a position, no samples
 
 
-def test_the_key_pattern_stages_are_one_to_one_too(indexed):
+def test_the_key_pattern_stages_and_info_are_one_to_one_too(indexed):
     def graph():
         return (
             wds.WebDataset(indexed, shardshuffle=100)
@@ -118,6 +118,7 @@ def test_the_key_pattern_stages_are_one_to_one_too(indexed):
             .decode()
             .rename_keys(meta="json", lab="cls")
             .xdecode(must_decode=False)
+            .compose(wds.info(n=0))  # passes every sample through
             .extract_keys("meta", "lab")
             .map_tuple(json_id)
             .batched(4)

@@ -9,13 +9,14 @@ repositioned on resume), the batcher the core batcher, the per-sample functions 
 the decoder the core decode stage. So with a shard index a webdataset pipeline has an exact
 length per reader and resumes by seeking, on the same or another topology, like a DataPipe graph.
 
-What stays opaque (a user's iterator function, ``unbatched``, ``unlisted``, ``slice``, ``info``,
+What stays opaque (a user's iterator function, ``unbatched``, ``unlisted``, ``slice``,
 ``mcached``) runs as :class:`FilterStage`: the loader then replays an epoch to resume it (same topology)
 or refuses another topology at ``load_state_dict``, naming why.
 
 Traits (what the loader reads from each class, today through its base class):
 
-- one-to-one: :class:`SampleMap`, :class:`Collate`, :class:`Decode`, :class:`PassThrough`
+- one-to-one: :class:`SampleMap`, :class:`Collate`, :class:`Decode`, :class:`PassThrough`,
+  :class:`PassingFilter`
   (a handler's skip, or a ``map`` returning ``None``, is counted in ``skipped``: the loader
   then replays instead of seeking, and pads an exact length);
 - batch: :class:`Batcher`; sample shuffle (resumable by seeking): :class:`Shuffle`;
@@ -51,6 +52,7 @@ __all__ = [
     "Decode",
     "FilterStage",
     "PassThrough",
+    "PassingFilter",
     "RandomSample",
     "SampleMap",
     "Select",
@@ -221,6 +223,19 @@ class PassThrough(LeanMapperIterDataPipe):
 
     def __iter__(self) -> Iterator[Any]:
         yield from self.datapipe
+
+
+class PassingFilter(PassThrough):
+    """A webdataset stage function that yields every item it reads, once, in order (``info``)."""
+
+    def __init__(
+        self, source_datapipe: IterDataPipe[Any], fn: Callable[[Iterator[Any]], Iterable[Any]]
+    ) -> None:
+        super().__init__(source_datapipe)
+        self.stage_fn = fn
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from self.stage_fn(iter(self.datapipe))
 
 
 class Decode(DecoderIterDataPipe):

@@ -17,6 +17,7 @@ from shardpipes.webdataset._stages import (
     Batcher,
     Collate,
     Decode,
+    PassingFilter,
     RandomSample,
     SampleMap,
     Select,
@@ -121,6 +122,10 @@ def _xdecode(
     return SampleMap(dp, keyfilters.XDecode(args, kw, must_decode, defaults), name="xdecode")
 
 
+def _info(dp: IterDataPipe[Any], *args: Any, **kw: Any) -> IterDataPipe[Any]:
+    return PassingFilter(dp, filters.FilterFunction(filters._info, *args, **kw))
+
+
 # webdataset's stage functions -> the core stage that does the same (same arguments, a
 # DataPipe in place of the iterator). The others run as opaque FilterStages.
 _CORE: dict[Callable[..., Any], Callable[..., IterDataPipe[Any]]] = {
@@ -134,6 +139,7 @@ _CORE: dict[Callable[..., Any], Callable[..., IterDataPipe[Any]]] = {
     filters._batched: _batched,
     filters._select: Select,
     filters._rsample: RandomSample,
+    filters._info: _info,
     keyfilters._extract_keys: _extract_keys,
     keyfilters._rename_keys: _rename_keys,
     keyfilters._xdecode: _xdecode,
