@@ -36,6 +36,9 @@ sys.path.insert(0, HERE)
 import _data  # noqa: E402
 import _peers  # noqa: E402
 
+# `import shardpipes` no longer loads torch and the stages: load them before any clock starts.
+import shardpipes.datapipes.iter  # noqa: E402, F401
+
 
 def readinto(paths: list[str], _: list) -> int:
     buf = bytearray(1 << 20)

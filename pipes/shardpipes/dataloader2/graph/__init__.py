@@ -124,9 +124,11 @@ def apply_epoch_plan(datapipe: IterDataPipe[Any], plan: EpochPlan) -> IterDataPi
     """
     for stage, (dp, after) in enumerate(random_stages(datapipe)):
         dp.set_seed(plan.reader_seed(stage) if after else plan.shared_seed(stage))
+    # (torch's own shuffle is resumable through its lean stand-in, swapped in by lean_graph)
     resumable = [dp for dp in stages_of(datapipe) if is_resumable(dp)]
     for dp in resumable:
-        dp.set_resume(None)
+        if callable(getattr(dp, "set_resume", None)):
+            dp.set_resume(None)
     sharders = [dp for dp in resumable if isinstance(dp, IndexSharderIterDataPipe)]
     if apply_mix_plan(datapipe, plan):  # a mixture: the mix() plans its sources' reads
         return datapipe

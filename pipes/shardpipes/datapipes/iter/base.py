@@ -26,6 +26,7 @@ from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes._decorator import functional_datapipe
 
 __all__ = [
+    "UNITS",
     "PicklesRng",
     "StageIterDataPipe",
     "check_picklable_fn",

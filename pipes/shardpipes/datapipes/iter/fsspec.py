@@ -230,7 +230,7 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
     def __init__(
         self,
         source_datapipe: Iterable[str],
-        mode: str = "r",
+        mode: str = "r",  # torchdata 0.9's default (text); tar and ranges read binary anyway
         *,
         storage_options: Mapping[str, Any] | None = None,
         open_kwargs: Mapping[str, Any] | None = None,

@@ -156,4 +156,7 @@ class TarArchiveLoaderIterDataPipe(StageIterDataPipe[tuple[str, TarMember]]):
         return self.length
 
 
+# torchdata 0.9's: the tarfile mode strings 0.9 code passes. They are accepted and change
+# nothing (the core recognises compression from the data); kept in the core stage, not the
+# td09 adapter, because load_from_tar is one functional name for both.
 _MODES = ("r:*", "r|*", "r", "r:", "r|", "r:gz", "r|gz", "r:bz2", "r|bz2", "r:xz", "r|xz")

@@ -11,7 +11,7 @@ from typing import Any, Generic, TypeVar
 
 from torch.utils.data import DataChunk, IterDataPipe
 
-from shardpipes.datapipes.iter.base import PicklesRng, register
+from shardpipes.datapipes.iter.base import PicklesRng, StageIterDataPipe, register
 
 __all__ = [
     "BucketBatcherIterDataPipe",
@@ -23,6 +23,8 @@ T = TypeVar("T")
 
 
 @register("bucketbatch")
+# Not on the stage base: __new__ builds the graph of other stages it stands for (0.9 did the
+# same); no instance of this class is ever made.
 class BucketBatcherIterDataPipe(IterDataPipe[DataChunk[Any]]):
     """Batch items from shuffled, optionally sorted buckets of ``batch_size * batch_num`` (functional name: ``bucketbatch``).
 
@@ -101,7 +103,7 @@ def _within(item: _Sized[Any], *, min_len: int, max_len: int) -> bool:
 
 
 @register("max_token_bucketize")
-class MaxTokenBucketizerIterDataPipe(IterDataPipe[DataChunk[Any]]):
+class MaxTokenBucketizerIterDataPipe(StageIterDataPipe[DataChunk[Any]]):
     """Batch items so that each batch holds at most ``max_token_count`` tokens, shortest first within a buffer (functional name: ``max_token_bucketize``).
 
     Args:
@@ -181,6 +183,8 @@ class MaxTokenBucketizerIterDataPipe(IterDataPipe[DataChunk[Any]]):
             yield DataChunk(batch)
 
 
+# On torch's base: 0.9 promises that a new iterator over one split invalidates the other
+# split's (torch's per-iterator hook, "iterator has been invalidated"), as the suite checks.
 class _RandomSplitter(PicklesRng, IterDataPipe[Any]):
     """Shared state of the splits: each sample is assigned by a draw weighted by what is left."""
 
@@ -237,6 +241,7 @@ class _RandomSplitter(PicklesRng, IterDataPipe[Any]):
         raise TypeError("iterate the splits returned by random_split, not their shared state")
 
 
+# On torch's base for the same reason as _RandomSplitter: iterator invalidation between splits.
 class SplitterIterator(IterDataPipe[Any]):
     """One split of ``random_split``: the samples drawn for ``target``."""
 
@@ -260,6 +265,7 @@ class SplitterIterator(IterDataPipe[Any]):
 
 
 @register("random_split")
+# Not on the stage base: __new__ builds the splits (0.9 did the same).
 class RandomSplitterIterDataPipe(IterDataPipe[Any]):
     """Split a DataPipe at random into parts of the given weights, the same way for a given seed (functional name: ``random_split``).
 

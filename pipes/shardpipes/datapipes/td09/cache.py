@@ -35,7 +35,7 @@ from torch.utils.data.datapipes.utils.common import _check_unpickable_fn
 from torch.utils.data.graph import traverse_dps
 
 from shardpipes.datapipes.iter import cache
-from shardpipes.datapipes.iter.base import register, widen
+from shardpipes.datapipes.iter.base import StageIterDataPipe, register, widen
 from shardpipes.formats.hashes import check_hash_type, file_digest
 
 __all__ = [
@@ -137,7 +137,7 @@ class OnDiskCacheHolderIterDataPipe(cache.OnDiskCacheHolderIterDataPipe):
 widen("on_disk_cache", OnDiskCacheHolderIterDataPipe)
 
 
-class TorchdataCacheHolder(IterDataPipe[Any]):
+class TorchdataCacheHolder(StageIterDataPipe[Any]):
     """The 0.9 form of ``on_disk_cache``: marks where cached work starts; needs ``end_caching``.
 
     Args:
@@ -195,7 +195,7 @@ class TorchdataCacheHolder(IterDataPipe[Any]):
 
 
 @register("memory_cell")
-class _MemoryCell(IterDataPipe[Any]):
+class _MemoryCell(StageIterDataPipe[Any]):
     """Pass items through, remembering the last ``keep`` with an id each."""
 
     def __init__(self, source_datapipe: IterDataPipe[Any], keep: int = 1000) -> None:
@@ -212,7 +212,7 @@ class _MemoryCell(IterDataPipe[Any]):
             yield item
 
 
-class _ListedFiles(IterDataPipe[tuple[str, str]]):
+class _ListedFiles(StageIterDataPipe[tuple[str, str]]):
     def __init__(self, source_datapipe: IterDataPipe[str]) -> None:
         self.source_datapipe = source_datapipe
 
@@ -223,7 +223,7 @@ class _ListedFiles(IterDataPipe[tuple[str, str]]):
                     yield path, line.rstrip()
 
 
-class WaitPendingCacheItemIterDataPipe(IterDataPipe[Any]):
+class WaitPendingCacheItemIterDataPipe(StageIterDataPipe[Any]):
     """Yield cached paths once no other process still promises to write them.
 
     ``timeout`` (seconds) is what ``CacheTimeout`` sets through ``set_timeout``.
@@ -262,7 +262,7 @@ class WaitPendingCacheItemIterDataPipe(IterDataPipe[Any]):
             yield data
 
 
-class _FulfilledPromises(IterDataPipe[str]):
+class _FulfilledPromises(StageIterDataPipe[str]):
     """Pass written paths through; delete a source item's promise once all its files are written."""
 
     def __init__(
@@ -344,6 +344,7 @@ def _find_holder(graph: dict[Any, Any]) -> TorchdataCacheHolder | None:
 
 
 @register("end_caching")
+# Not on the stage base: __new__ builds the graph it stands for (0.9 did the same).
 class EndOnDiskCacheHolderIterDataPipe(IterDataPipe[str]):
     """Write the results traced since ``on_disk_cache(filepath_fn=...)`` to files and yield their paths (functional name: ``end_caching``).
 

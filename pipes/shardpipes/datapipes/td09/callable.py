@@ -304,6 +304,7 @@ def _put(item: Any, res: Any, input_col: Any, output_col: Any) -> Any:
 
 
 @register("async_map_batches")
+# Not on the stage base: __new__ builds the graph (batch -> async map -> flatmap) it stands for.
 class BatchAsyncMapperIterDataPipe(IterDataPipe[Any]):
     """Apply a coroutine function to items concurrently, ``batch_size`` at a time (functional name: ``async_map_batches``).
 

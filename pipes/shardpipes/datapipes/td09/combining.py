@@ -185,6 +185,7 @@ def _drop_index(pair: tuple[int, Any]) -> Any:
     return pair[1]
 
 
+# On torch's demux: the children share its buffer and its iterator-invalidation rules.
 class _RoundRobinDemux(_DemultiplexerIterDataPipe):
     def __init__(self, datapipe: IterDataPipe[Any], num_instances: int, buffer_size: int) -> None:
         super().__init__(
@@ -201,6 +202,7 @@ class _RoundRobinDemux(_DemultiplexerIterDataPipe):
 
 
 @register("round_robin_demux")
+# Not on the stage base: __new__ returns the children (0.9 did the same).
 class RoundRobinDemultiplexerIterDataPipe(IterDataPipe[Any]):
     """Split a DataPipe into ``num_instances`` children, dealing items in turn (functional name: ``round_robin_demux``).
 
@@ -228,6 +230,8 @@ class RoundRobinDemultiplexerIterDataPipe(IterDataPipe[Any]):
         return [_ChildDataPipe(container, i).map(_drop_index) for i in range(num_instances)]
 
 
+# On torch's fork: the children share its buffer and its iterator-invalidation rules, which
+# the suite checks ("iterator has been invalidated").
 class _UnZipper(_ForkerIterDataPipe):
     def __init__(
         self, datapipe: IterDataPipe[Any], instance_ids: list[int], buffer_size: int
@@ -249,6 +253,7 @@ class _UnZipper(_ForkerIterDataPipe):
 
 
 @register("unzip")
+# Not on the stage base: __new__ returns the children (0.9 did the same).
 class UnZipperIterDataPipe(IterDataPipe[Any]):
     """Split a DataPipe of sequences into one child per column (functional name: ``unzip``).
 

@@ -42,13 +42,20 @@ def _lines(file: IO[Any], skip_lines: int) -> Iterator[Any]:
         file.close()
 
 
+class _NoLen:
+    """Mixin: ``len()`` fails with Python's own words, as for 0.9's stages that had no ``__len__``."""
+
+    def __len__(self) -> int:
+        raise TypeError(f"object of type '{type(self).__name__}' has no len()")
+
+
 def _decoded(lines: Iterable[Any], decode: bool, encoding: str, errors: str) -> Iterator[Any]:
     for line in lines:
         yield line.decode(encoding, errors) if decode and isinstance(line, bytes) else line
 
 
 @register("readlines")
-class LineReaderIterDataPipe(IterDataPipe[Any]):
+class LineReaderIterDataPipe(_NoLen, StageIterDataPipe[Any]):
     r"""Yield the lines of each ``(path, stream)`` as ``(path, line)`` (functional name: ``readlines``).
 
     Args:
@@ -98,7 +105,7 @@ class LineReaderIterDataPipe(IterDataPipe[Any]):
                 yield (path, line) if self.return_path else line
 
 
-class _CSVBase(IterDataPipe[Any]):
+class _CSVBase(_NoLen, StageIterDataPipe[Any]):
     _reader: Callable[..., Iterator[Any]] = staticmethod(csv.reader)
 
     def __init__(
@@ -224,7 +231,7 @@ def _join_lines(lines: list[str]) -> str:
 
 
 @register("lines_to_paragraphs")
-class ParagraphAggregatorIterDataPipe(IterDataPipe[tuple[str, str]]):
+class ParagraphAggregatorIterDataPipe(_NoLen, StageIterDataPipe[tuple[str, str]]):
     r"""Join consecutive non-empty ``(path, line)`` lines of a file into ``(path, paragraph)`` (functional name: ``lines_to_paragraphs``).
 
     Args:
