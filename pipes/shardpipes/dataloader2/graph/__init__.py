@@ -128,7 +128,7 @@ def apply_epoch_plan(datapipe: IterDataPipe[Any], plan: EpochPlan) -> IterDataPi
     sharders = [dp for dp in stages_of(datapipe) if isinstance(dp, IndexSharderIterDataPipe)]
     for sharder in sharders:
         sharder.set_resume(None)
-    if apply_mix_plan(datapipe, plan):  # a mixture: the mix() plans its sources' reads
+    if apply_mix_plan(datapipe, plan, random_stages):  # a mixture: mix() plans its sources' reads
         return datapipe
     if plan.resume:
         found = resume_shape(datapipe)
@@ -212,7 +212,7 @@ def resume_shape(
     at most one ``batch()``) with no random stage after the sharder other than at most one
     ``shuffle()`` before the ``batch()``. Otherwise, the reason it cannot, for error messages.
     """
-    mixed = mixture_shape(datapipe)
+    mixed = mixture_shape(datapipe, random_stages)
     if mixed is not None:
         return mixed
     node: Any = datapipe
