@@ -71,6 +71,15 @@ def _sharding_by_index(i: Inputs) -> Any:
     return IterableWrapper(i.shards).sharding_by_index(index)
 
 
+def _mix_source(i: Inputs) -> Any:
+    dp = _sharding_by_index(i).open_files_by_fsspec().load_from_tar().webdataset()
+    return dp.map(_sample_key)
+
+
+def _sample_key(sample: dict[str, Any]) -> str:
+    return str(sample["__key__"])
+
+
 def range_fields(r: Any) -> tuple[str, int, int, int, int]:
     """A ``ShardRange`` compares as its URL alone; compare every field."""
     return (str(r), r.start, r.stop, r.offset, r.size)
@@ -108,6 +117,7 @@ FACTORIES: dict[str, Callable[[Inputs], Any]] = {
         [(os.path.join(i.out_dir, f"{x}.bin"), bytes([x])) for x in i.items]
     ).save_by_fsspec(mode="wb"),
     "set_length": lambda i: IterableWrapper(i.items).set_length(len(i.items)),
+    "mix": lambda i: _mix_source(i).mix(_mix_source(i), repeat=[1, 2]),
     "sharding_by_index": lambda i: _sharding_by_index(i).map(range_fields),
     "shard_expand": lambda i: IterableWrapper(
         [f"t-{{0..{len(i.items) - 1}}}.tar"] if i.items else []

@@ -350,7 +350,11 @@ def check(case: Case, results: list[dict[str, Any]]) -> None:
     if case.sharding in ("index", "mix"):
         if case.policy == "drop" and "fullsync" not in o:
             assert not dupes, dupes
-            assert len(missing) < readers, sorted(missing)
+            # A filter after a mix leaves the ranks unequal, and the reading service's
+            # fullsync("stop") ends every rank with the shortest: more than the plan's drop
+            # can be missing then (nothing twice still).
+            if not (case.sharding == "mix" and "filter" in o and case.ranks > 1):
+                assert len(missing) < readers, sorted(missing)
         else:  # pad: every sample, fewer than `readers` repeats (fullsync may pad more)
             assert not missing or (case.policy != "pad"), sorted(missing)
             if "fullsync" not in o or case.ranks == 1:

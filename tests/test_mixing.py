@@ -319,14 +319,9 @@ def shuffled_source(three, name: str) -> Any:
     return source(three, name).shuffle(buffer_size=5)
 
 
-@pytest.mark.parametrize("where", ["before", "after"])
-def test_mix_with_a_sample_shuffle_replays_on_the_same_topology_and_refuses_another(three, where):
+def test_mix_with_a_shuffle_in_a_source_replays_on_the_same_topology_and_refuses_another(three):
     def graph() -> Any:
-        if where == "before":
-            dp = shuffled_source(three, "a").mix(shuffled_source(three, "b"), repeat=[1, 1])
-        else:
-            dp = source(three, "a").mix(source(three, "b"), repeat=[1, 1]).shuffle(buffer_size=5)
-        return dp.batch(4)
+        return shuffled_source(three, "a").mix(shuffled_source(three, "b"), repeat=[1, 1]).batch(4)
 
     first = _epoch(graph(), 2)
     assert first == _epoch(graph(), 2)
@@ -335,8 +330,41 @@ def test_mix_with_a_sample_shuffle_replays_on_the_same_topology_and_refuses_anot
     (tail,) = _tail(graph(), _mp(2), state)
     assert tail == first[4:]
     with DataLoader2(graph(), reading_service=_mp(1)) as dl:
-        with pytest.raises(ValueError, match=r"cannot be repositioned yet.*replay"):
+        with pytest.raises(ValueError, match=r"source 'source0' has a .*Shuffler.*replay"):
             dl.load_state_dict(state)
+
+
+def shuffled_mix(three) -> Any:
+    dp = source(three, "a").mix(source(three, "b"), source(three, "c"), repeat=[1, 2, 1])
+    return dp.shuffle(buffer_size=9).batch(4)
+
+
+@pytest.mark.parametrize("workers", [0, 2], ids=["inproc", "mp2"])
+@pytest.mark.parametrize("k", [1, 6, 13])
+def test_mix_with_a_shuffle_after_it_resumes_exactly(three, workers, k):
+    with DataLoader2(shuffled_mix(three), reading_service=_mp(workers)) as dl:
+        dl.seed(3)
+        first, second = [list(b) for b in dl], [list(b) for b in dl]
+    head, state = _head(shuffled_mix(three), _mp(workers), k)
+    assert head == first[:k]
+    rest, nxt = _tail(shuffled_mix(three), _mp(workers), state, epochs=2)
+    assert rest == first[k:] and nxt == second
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 1), (2, 3), (0, 2)])
+def test_mix_with_a_shuffle_after_it_resumes_elastically(three, before, after):
+    full = flat(_epoch(shuffled_mix(three), before))
+    head, state = _head(shuffled_mix(three), _mp(before), 7)
+    with DataLoader2(shuffled_mix(three), reading_service=_mp(after)) as dl:
+        dl.load_state_dict(state)
+        it = iter(dl)
+        middle = [list(next(it)) for _ in range(3)]
+        state2 = pickle.loads(pickle.dumps(dl.state_dict()))
+    (tail,) = _tail(shuffled_mix(three), _mp(1), state2)
+    got = flat(head) + flat(middle) + flat(tail)
+    assert not (got - full), got - full
+    assert sum((full - got).values()) < max(after, 1) + 1
+    assert {x for x in got if x[0] == "a"} == {f"a{i}" for i in range(32)}
 
 
 def test_mix_refuses_a_padding_source(three):

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from shardpipes.plan.mixture import Mixture, apportion, interleave, mix_reader
 from shardpipes.plan.resume import Segment, Shape, worker_batches
+from shardpipes.plan.seeds import buffered_shuffle, derive_seed
 
 
 def _read(mix: Mixture, counts: list[int], topologies: list[tuple[int, int, int]], batch: int):
@@ -171,3 +172,96 @@ def test_the_first_arrivals_are_those_of_the_whole_interleave(first):
     mix = Mixture(3, schedule=[(0, (1, 0, 0)), (40, (0.2, 0.4, 0.4))], step_samples=4)
     p = mix.profile(0, 450, q)
     assert (interleave(q, 5, p, first=first) == interleave(q, 5, p)[:first]).all()
+
+
+def _shuffle_seed(path: tuple[int, ...]) -> int:
+    return derive_seed([9, *path])
+
+
+def _items(plan, seed: int, buffer: int) -> list[tuple[int, int]]:
+    """What a reader yields: its mix, (source, position) per sample, through the shuffle after it."""
+    where = [iter(p.at(range(len(p)))) for p in plan.pieces]
+    mixed = [(int(i), next(where[i])) for i in plan.sequence.tolist()]
+    start = plan.shuffle or (seed, 0, [])
+    return list(buffered_shuffle(mixed, lambda: start, buffer))
+
+
+@pytest.mark.parametrize(
+    "topologies",
+    [[(2, 2, 5), (2, 2, 0)], [(2, 2, 5), (3, 1, 0)], [(4, 2, 3), (2, 3, 4), (1, 0, 0)]],
+    ids=["same", "2x2-3x1", "4x2-2x3-1x0"],
+)
+@pytest.mark.parametrize("kind", ["proportions", "schedule"])
+def test_a_shuffle_after_the_mix_resumes_exactly(topologies, kind):
+    sizes = [300, 120, 45]
+    mix = {
+        "proportions": Mixture(3, repeat=(1, 2.5, None), choose=(None, None, 30)),
+        "schedule": Mixture(3, schedule=[(0, (1, 0, 0)), (40, (0.2, 0.4, 0.4))], step_samples=4),
+    }[kind]
+    counts = mix.counts(sizes, 1)
+    buffer, batch = 7, 4
+    shape = Shape(batch, False, buffer, 0)
+    read: collections.Counter[tuple[int, int]] = collections.Counter()
+    segments: list[Segment] = []
+    for s, (world, workers, consumed) in enumerate(topologies):
+        last = s == len(topologies) - 1
+        same = bool(segments) and (segments[-1].world_size, segments[-1].num_workers) == (
+            world,
+            workers,
+        )
+        current = (
+            [*segments[:-1], Segment(world, workers, True, segments[-1].consumed)]
+            if same
+            else [*segments, Segment(world, workers, True, 0)]
+        )
+        readers = world * max(workers, 1)
+        per_worker = None
+        for r in range(readers):
+            plan = mix_reader(
+                mix,
+                counts,
+                seed=5,
+                epoch=1,
+                segments=current,
+                reader=r,
+                shape=shape,
+                shuffle_seed=_shuffle_seed,
+            )
+            items = _items(plan, 0, buffer)
+            if per_worker is None:
+                total = len(items) + (plan.shuffle[1] if plan.shuffle else 0)
+                per_worker = [-(-total // batch)] * max(workers, 1)
+            o = (
+                len(items)
+                if last
+                else worker_batches(consumed, per_worker)[r % max(workers, 1)] * batch
+            )
+            read.update(items[:o])
+        segments = current[:-1] + [
+            Segment(world, workers, True, consumed + (current[-1].consumed if same else 0))
+        ]
+    assert max(read.values()) == 1
+    allowed = sum(w * max(k, 1) - 1 for w, k, _ in topologies)
+    assert sum(counts) - len(read) <= allowed
+
+
+@pytest.mark.parametrize("o", [0, 4, 8, 60, 62])
+def test_a_reader_resumed_with_its_shuffle_yields_what_it_would_have(o):
+    mix = Mixture(3, weights=(0.5, 0.3, 0.2), samples_per_epoch=500)
+    counts = mix.counts([300, 120, 45], 0)
+    shape = Shape(4, False, 7, 0)
+
+    def plan(consumed: int):
+        return mix_reader(
+            mix,
+            counts,
+            seed=2,
+            epoch=0,
+            segments=[Segment(2, 0, True, consumed)],
+            reader=1,
+            shape=shape,
+            shuffle_seed=_shuffle_seed,
+        )
+
+    whole = _items(plan(0), 0, 7)
+    assert whole[o * 4 :] == _items(plan(o), 0, 7)

@@ -37,8 +37,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardpipes.plan.readers import check_int
-from shardpipes.plan.resume import Runs, Segment, Shape, next_worker, worker_batches
-from shardpipes.plan.seeds import derive_seed
+from shardpipes.plan.resume import (
+    Runs,
+    Segment,
+    Shape,
+    next_worker,
+    segment_seed,
+    worker_batches,
+)
+from shardpipes.plan.seeds import derive_seed, shuffle_position
 
 __all__ = [
     "MixReader",
@@ -524,10 +531,14 @@ class MixSplit:
             cols.append(b + e1 - e0)
         return np.stack(cols, axis=1) if cols else np.zeros((self.readers, 0), np.int64)
 
-    def unread(self, i: int, used: np.ndarray) -> Runs:
+    def unread(
+        self, i: int, used: np.ndarray, held: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> Runs:
         """Source ``i``'s positions the readers did not read, reader after reader.
 
-        ``used[r]``: how many of its piece reader ``r`` read (its piece's first ones).
+        ``used[r]``: how many of its piece reader ``r`` took (its piece's first ones);
+        ``held``: ``(readers, ordinals in their pieces)`` of those taken but not yielded (they
+        sat in a shuffle buffer), read again first.
         """
         r = np.arange(self.readers, dtype=np.int64)
         b = self.base[i]
@@ -536,6 +547,16 @@ class MixSplit:
         ext0 = np.minimum(e0 + np.maximum(used - b, 0), e1)
         lo = np.stack([base0, ext0], axis=1).reshape(-1)
         hi = np.stack([(r + 1) * b, e1], axis=1).reshape(-1)
+        who = np.repeat(r, 2)
+        kind = np.tile(np.asarray([1, 2], np.int64), self.readers)
+        if held is not None and held[0].size:
+            hr, t = held
+            at = np.where(t < b, hr * b + t, e0[hr] + t - b)
+            lo, hi = np.concatenate([lo, at]), np.concatenate([hi, at + 1])
+            who = np.concatenate([who, hr])
+            kind = np.concatenate([kind, np.zeros(hr.size, np.int64)])
+            order = np.lexsort((lo, kind, who))
+            lo, hi = lo[order], hi[order]
         return _take(self.left[i], lo, hi)
 
     def piece(self, reader: int) -> list[Runs]:
@@ -551,6 +572,15 @@ class MixSplit:
                 runs = runs + left.slice(n + x0 - a0, n + x1 - a0)
             out.append(runs)
         return out
+
+
+def _ranks_in_source(seq: np.ndarray, sources: int) -> np.ndarray:
+    """For each position of ``seq``, how many earlier positions hold the same source."""
+    out = np.zeros(len(seq), np.int64)
+    for i in range(sources):
+        at = np.flatnonzero(seq == i)
+        out[at] = np.arange(at.size)
+    return out
 
 
 def _take(runs: Runs, lo: np.ndarray, hi: np.ndarray) -> Runs:
@@ -582,6 +612,9 @@ class MixReader:
     pieces: list[Runs]
     sequence: np.ndarray
     dropped: int
+    #: ``(seed, first draw, slots)`` where the sample shuffle after the mix continues (a
+    #: resumed epoch with one), else ``None``.
+    shuffle: tuple[int, int, list[int]] | None = None
 
     @property
     def samples(self) -> int:
@@ -611,6 +644,7 @@ def mix_reader(
     reader: int,
     shape: Shape,
     epoch_start: int = 0,
+    shuffle_seed: Callable[[tuple[int, ...]], int] | None = None,
 ) -> MixReader:
     """What ``reader`` of the last segment reads of the epoch whose sources contribute ``counts``.
 
@@ -627,6 +661,7 @@ def mix_reader(
     left = [Runs([(0, n)]) if n else Runs() for n in counts]
     mixed = derive_seed([seed, epoch, _MIX_TAG])
     start = epoch_start
+    buffer = shape.buffer_size if shuffle_seed is not None else None
     for s, seg in enumerate(segments):
         split = MixSplit(left, seg.readers, order, mix.exact_once())
         workers = max(seg.num_workers, 1)
@@ -646,20 +681,54 @@ def mix_reader(
                 mix, split, r, int(_reader_seeds(mixed, s, np.asarray([r]))[0]), start, first
             )
 
+        def shuffled(
+            r: int, o: int, s: int = s, seg: Segment = seg, split: MixSplit = split
+        ) -> tuple[int, list[int], int]:
+            """The shuffle after the mix of reader ``r`` that yielded ``o``: (seed, buffer, taken)."""
+            assert shuffle_seed is not None and buffer is not None
+            seed_r = segment_seed(shuffle_seed(seg.path(r)), s)
+            if not o:
+                return seed_r, [], 0
+            held, taken = shuffle_position(seed_r, buffer, split.per_reader, o)
+            return seed_r, held, taken
+
         if s == len(segments) - 1:
             rank, worker = divmod(reader, workers)
             role = rank * workers + (worker + next_worker(seg.consumed, batches)) % workers
             pieces, seq = seq_of(role)
             o = yielded[role % workers]
-            used = np.bincount(seq[:o], minlength=len(counts))
-            rest = [p.slice(int(c), len(p)) for p, c in zip(pieces, used, strict=True)]
-            return MixReader(rest, seq[o:], split.dropped)
+            if buffer is None:
+                used = np.bincount(seq[:o], minlength=len(counts))
+                rest = [p.slice(int(c), len(p)) for p, c in zip(pieces, used, strict=True)]
+                return MixReader(rest, seq[o:], split.dropped)
+            seed_r, kept, taken = shuffled(role, o)
+            pairs = sorted((k, slot) for slot, k in enumerate(kept))
+            ords = np.asarray([k for k, _ in pairs], np.int64)
+            rank_in = _ranks_in_source(seq[:taken], len(counts))
+            rest = []
+            for i, p in enumerate(pieces):
+                again = p.at_array(rank_in[ords[seq[ords] == i]]) if ords.size else ords
+                tail = p.slice(int(np.count_nonzero(seq[:taken] == i)), len(p))
+                rest.append(
+                    Runs.of_arrays(
+                        np.concatenate([again, tail.starts]),
+                        np.concatenate([again + 1, tail.stops]),
+                    )
+                )
+            sequence = np.concatenate([seq[ords], seq[taken:]]).astype(np.int32)
+            return MixReader(rest, sequence, split.dropped, (seed_r, o, [t for _, t in pairs]))
         used = np.zeros((seg.readers, len(counts)), np.int64)
         seeds = _reader_seeds(mixed, s, np.arange(seg.readers, dtype=np.uint64))
         span = split.per_reader * split.readers
         table = split.quota_table().tolist()
-        for r in range(seg.readers):  # what each reader yielded of each source
+        held_r: list[np.ndarray] = []
+        held_s: list[np.ndarray] = []
+        held_t: list[np.ndarray] = []
+        for r in range(seg.readers):  # what each reader took of each source
             o = yielded[r % workers]
+            held: list[int] = []
+            if buffer is not None:
+                _, held, o = shuffled(r, o)
             if o:
                 quotas = table[r]
                 if mix.even and mix.until == "last":
@@ -668,6 +737,17 @@ def mix_reader(
                     profile = mix.profile(start, span, quotas)
                     seq = interleave(quotas, int(seeds[r]), profile, even=mix.even, first=o)
                 used[r] = np.bincount(seq, minlength=len(counts))
-        left = [split.unread(i, used[:, i]) for i in range(len(counts))]
+                if held:
+                    ords = np.asarray(held, np.int64)
+                    held_r.append(np.full(ords.size, r, np.int64))
+                    held_s.append(seq[ords].astype(np.int64))
+                    held_t.append(_ranks_in_source(seq, len(counts))[ords])
+        if held_r:
+            hr, hs, ht = np.concatenate(held_r), np.concatenate(held_s), np.concatenate(held_t)
+            left = [
+                split.unread(i, used[:, i], (hr[hs == i], ht[hs == i])) for i in range(len(counts))
+            ]
+        else:
+            left = [split.unread(i, used[:, i]) for i in range(len(counts))]
         start += sum(yielded) * seg.world_size
     raise ValueError("mix_reader needs at least one segment")

@@ -130,7 +130,7 @@ def apply_epoch_plan(datapipe: IterDataPipe[Any], plan: EpochPlan) -> IterDataPi
         if callable(getattr(dp, "set_resume", None)):
             dp.set_resume(None)
     sharders = [dp for dp in resumable if isinstance(dp, IndexSharderIterDataPipe)]
-    if apply_mix_plan(datapipe, plan):  # a mixture: the mix() plans its sources' reads
+    if apply_mix_plan(datapipe, plan, random_stages):  # a mixture: mix() plans its sources' reads
         return datapipe
     if plan.resume:
         found = resume_shape(datapipe)
@@ -223,7 +223,7 @@ def resume_shape(
     other stage that keeps a position between items (trait ``resumable``: ``enumerate()``) after
     that shuffle and before the ``batch()``. Otherwise, the reason it cannot, for error messages.
     """
-    mixed = mixture_shape(datapipe)
+    mixed = mixture_shape(datapipe, random_stages)
     if mixed is not None:
         return mixed
     node: Any = datapipe

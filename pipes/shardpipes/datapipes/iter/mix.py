@@ -10,8 +10,10 @@ resumes by seeking, on the same or another topology (docs/mixing.md).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,11 +30,23 @@ from shardpipes.datapipes.iter.base import (
     register,
 )
 from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
-from shardpipes.plan.epoch import EpochPlan
+from shardpipes.plan.epoch import EpochPlan, Resume
 from shardpipes.plan.mixture import Mixture, Schedule, mix_reader
 from shardpipes.plan.resume import Segment, Shape
+from shardpipes.plan.seeds import reader_stage_seed
 
-__all__ = ["MixerIterDataPipe", "SourceChanged", "check_sources", "mixable"]
+__all__ = ["MixResume", "MixerIterDataPipe", "SourceChanged", "check_sources", "mixable"]
+
+
+@dataclass
+class MixResume(Resume):
+    """The resume handed to the sample shuffle after a ``mix()``: the mixer says where it continues."""
+
+    mixer: Any = None
+
+    def shuffle_start(self) -> tuple[int, int, list[int]] | None:
+        """``(seed, first draw, buffer slots)`` of the shuffle, known once the mixer has planned."""
+        return self.mixer.shuffle_start() if self.mixer is not None else None
 
 
 class SourceChanged(ValueError):
@@ -167,8 +181,8 @@ class MixerIterDataPipe(StageIterDataPipe[Any]):
         )
         self._plan: EpochPlan | None = None
         self._shape = Shape(None, False, None, None)
-        self._epochs = 0  # epochs iterated outside a loader (their plan: seed 0, this epoch)
         self._fingerprint: list[list[Any]] | None = None
+        self._shuffle: tuple[int, int, list[int]] | None = None
 
     def set_plan(self, plan: EpochPlan, shape: Shape | None = None) -> MixerIterDataPipe:
         """Run the next iteration by ``plan`` (loader hook); ``shape``: the graph after the mix, for a resume."""
@@ -176,15 +190,18 @@ class MixerIterDataPipe(StageIterDataPipe[Any]):
         self._shape = shape or Shape(None, False, None, None)
         return self
 
+    def shuffle_start(self) -> tuple[int, int, list[int]] | None:
+        """Where the sample shuffle after the mix continues in a resumed epoch (``None``: afresh)."""
+        return self._shuffle
+
     def sharders(self) -> list[IndexSharderIterDataPipe]:
         """Each source's ``sharding_by_index``."""
         return [_sharder(dp, name) for dp, name in zip(self.sources, self.names, strict=True)]
 
     def __iter__(self) -> Iterator[Any]:
         plan, self._plan = self._plan, None
-        if plan is None:
-            plan = EpochPlan(0, self._epochs)
-            self._epochs += 1
+        if plan is None:  # outside a loader: every iteration is epoch 0 of seed 0
+            plan = EpochPlan(0, 0)
         sharders = self.sharders()
         readers, reader = sharders[0].num_of_instances, sharders[0].instance_id
         for s, name in zip(sharders, self.names, strict=True):
@@ -204,6 +221,7 @@ class MixerIterDataPipe(StageIterDataPipe[Any]):
                 f"the resumed state is for {segments[-1].readers} readers but mix() was "
                 f"sharded for {readers}"
             )
+        shape = self._shape
         mine = mix_reader(
             mix,
             counts,
@@ -211,9 +229,15 @@ class MixerIterDataPipe(StageIterDataPipe[Any]):
             epoch=plan.epoch,
             segments=segments,
             reader=reader,
-            shape=self._shape,
+            shape=shape,
             epoch_start=start,
+            shuffle_seed=None
+            if shape.buffer_size is None
+            else functools.partial(
+                reader_stage_seed, plan.seed, plan.epoch, shape.shuffle_stage or 0
+            ),
         )
+        self._shuffle = mine.shuffle
         for s, piece in zip(sharders, mine.pieces, strict=True):
             s.set_positions(piece)
         iterators = [iter(dp) for dp in self.sources]
