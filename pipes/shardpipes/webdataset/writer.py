@@ -24,6 +24,7 @@ from typing import Any, cast
 import fsspec
 import numpy as np
 
+from shardpipes.webdataset.gopen import gopen
 from shardpipes.writer import encode_value
 
 logger = logging.getLogger(__name__)
@@ -199,7 +200,10 @@ class TarWriter:
         self.format = getattr(tarfile, format, format) if format else tarfile.USTAR_FORMAT
         tarmode = self.tarmode(fileobj, compress)
         self.own_fileobj: Any = None
-        if isinstance(fileobj, str | os.PathLike):
+        if isinstance(fileobj, str) and fileobj.startswith("pipe:"):
+            fileobj = gopen(fileobj, "wb")  # webdataset's pipe: outputs, as gopen opens them
+            self.own_fileobj = fileobj
+        elif isinstance(fileobj, str | os.PathLike):
             fileobj = fsspec.open(os.fspath(fileobj), "wb").open()
             self.own_fileobj = fileobj
         self.encoder = make_encoder(encoder)
