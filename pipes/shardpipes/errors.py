@@ -12,6 +12,7 @@ would turn it into a plain ``RuntimeError``. The message always carries the same
 from __future__ import annotations
 
 import errno
+import tarfile
 
 __all__ = [
     "AttestationError",
@@ -86,7 +87,7 @@ def _rebuild_read_error(
     return cls(message, url=url, offset=offset, err=err)
 
 
-class ShardFormatError(ShardpipesError, ValueError):
+class ShardFormatError(ShardpipesError, ValueError, tarfile.ReadError):
     """A shard is not a valid tar archive: truncated, corrupt header, bad checksum.
 
     Attributes:

@@ -12,7 +12,6 @@ through each worker's ring of shared-memory blocks (``_shm.py``).
 
 from __future__ import annotations
 
-import copy
 import ctypes
 import itertools
 from collections.abc import Callable, Iterator
@@ -22,6 +21,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, IterDataPipe, get_worker_info
 
+from shardpipes.dataloader2._copy import copy_graph
 from shardpipes.dataloader2._shm import Ring
 from shardpipes.dataloader2._stats import (
     flow_stages,
@@ -133,7 +133,7 @@ class WorkerDataset(IterableDataset[Any]):
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if not self._sharded:
             # Under 'fork' the graph object is shared copy-on-write; shard a private copy.
-            sharded = shard_for_worker(copy.deepcopy(self.datapipe), num_workers, worker)
+            sharded = shard_for_worker(copy_graph(self.datapipe), num_workers, worker)
             if not isinstance(sharded, IterDataPipe):
                 raise TypeError(f"expected an IterDataPipe graph, got {type(sharded).__name__}")
             self.datapipe = sharded

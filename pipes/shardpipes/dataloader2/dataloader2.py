@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import itertools
 import logging
 import pickle
@@ -16,6 +15,7 @@ from torch.utils.data import IterDataPipe, MapDataPipe
 
 from shardpipes.dataloader2 import _binding
 from shardpipes.dataloader2._attest import Attestor, Policy
+from shardpipes.dataloader2._copy import copy_graph
 from shardpipes.dataloader2._stats import check_epoch
 from shardpipes.dataloader2.adapter import Adapter
 from shardpipes.dataloader2.error import PauseIteration
@@ -243,7 +243,7 @@ class DataLoader2(Generic[T]):
         if not isinstance(datapipe, IterDataPipe):
             raise TypeError(f"DataLoader2 needs an IterDataPipe, got {type(datapipe).__name__}")
         if self.datapipe_adapter_fns:
-            datapipe = copy.deepcopy(datapipe)  # adapters change the graph in place
+            datapipe = copy_graph(datapipe)  # adapters change the graph in place
             for adapter in self.datapipe_adapter_fns:
                 datapipe = adapter(datapipe)
         adapted: IterDataPipe[T] = datapipe
@@ -340,7 +340,7 @@ class DataLoader2(Generic[T]):
         self._is_paused = False
         if self._graph is None:
             refuse_unsupported(self.datapipe)  # before any reader starts
-            graph = lean_graph(copy.deepcopy(self.datapipe))
+            graph = lean_graph(copy_graph(self.datapipe))
             if self.reading_service_state is not None:
                 if not isinstance(self.reading_service, CheckpointableReadingServiceInterface):
                     raise TypeError("Cannot restore from non-checkpointable reading service")

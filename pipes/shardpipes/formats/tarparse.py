@@ -13,7 +13,7 @@ over a buffer that is either
 
 A compressed archive (gzip, bzip2 or xz, recognised by its first bytes, as torchdata 0.9's
 ``load_from_tar`` with mode ``"r:*"`` did) is decompressed as it streams. Member data is a
-:class:`~shardpipes.formats.stream.StreamBytes`: ``bytes`` that also read like a stream.
+:class:`~shardpipes.formats.stream.StreamBytes`: an in-memory file that also answers like ``bytes``.
 """
 
 from __future__ import annotations

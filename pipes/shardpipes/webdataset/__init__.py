@@ -47,6 +47,7 @@ from shardpipes.webdataset.filters import (
     unlisted,
     xdecode,
 )
+from shardpipes.webdataset.gopen import gopen
 from shardpipes.webdataset.handlers import (
     ignore_and_continue,
     ignore_and_stop,
@@ -105,6 +106,7 @@ __all__ = [
     "detshuffle",
     "extract_keys",
     "getfirst",
+    "gopen",
     "gzfilter",
     "handle_extension",
     "ignore_and_continue",

@@ -159,7 +159,7 @@ def tenbin_loads(data: bytes) -> Any:
 
 def msgpack_loads(data: bytes) -> Any:
     """Decode msgpack (needs ``msgpack``)."""
-    import msgpack  # type: ignore[import-not-found]
+    import msgpack
 
     return msgpack.unpackb(data)
 

@@ -19,6 +19,7 @@ __all__ = [
     "is_iterable",
     "make_seed",
     "pytorch_worker_info",
+    "pytorch_worker_seed",
     "repeatedly",
 ]
 
@@ -65,6 +66,12 @@ def pytorch_worker_info(group: Any = None) -> tuple[int, int, int, int]:
     info = get_worker_info()
     worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
     return rank, world, worker, workers
+
+
+def pytorch_worker_seed(group: Any = None) -> int:
+    """Webdataset's per-reader seed: ``rank * 1000 + worker`` (the same in every epoch)."""
+    rank, _, worker, _ = pytorch_worker_info(group=group)
+    return rank * 1000 + worker
 
 
 def repeatedly(

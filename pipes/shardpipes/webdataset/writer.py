@@ -26,6 +26,7 @@ import numpy as np
 from shardpipes.formats.compression import CODECS, by_suffix
 from shardpipes.formats.tarwrite import TarMemberWriter
 from shardpipes.storage.write import write_atomic
+from shardpipes.webdataset.gopen import gopen
 from shardpipes.writer import ShardSeries, encode_value
 
 logger = logging.getLogger(__name__)
@@ -201,7 +202,10 @@ class TarWriter:
         self.format = getattr(tarfile, format, format) if format else tarfile.USTAR_FORMAT
         codec = self._codec(fileobj, compress)
         self.own_fileobj: Any = None
-        if isinstance(fileobj, str | os.PathLike):
+        if isinstance(fileobj, str) and fileobj.startswith("pipe:"):
+            fileobj = gopen(fileobj, "wb")  # webdataset's pipe: outputs, as gopen opens them
+            self.own_fileobj = fileobj
+        elif isinstance(fileobj, str | os.PathLike):
             fileobj = write_atomic(os.fspath(fileobj))
             self.own_fileobj = fileobj
             fileobj = fileobj.file

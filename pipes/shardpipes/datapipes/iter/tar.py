@@ -18,7 +18,8 @@ __all__ = ["TarArchiveLoaderIterDataPipe", "TarMember"]
 class TarMember(StreamBytes):
     """One tar member: its bytes, readable as a stream, that also know where they came from.
 
-    As :class:`~shardpipes.formats.stream.StreamBytes`: ``read()``, ``close()``, ``file_obj``,
+    As :class:`~shardpipes.formats.stream.StreamBytes` (an ``io.BytesIO``): ``read()``,
+    ``close()``, ``file_obj``,
     iteration over lines.
 
     Attributes:
@@ -52,8 +53,9 @@ class TarArchiveLoaderIterDataPipe(StageIterDataPipe[tuple[str, TarMember]]):
     any other stream (S3, GCS, HTTP, a byte range, a compressed file) is read sequentially in
     large chunks. Nothing is extracted to disk and only one chunk (or a few pages of the map)
     plus the current member is held in memory. ``path`` is the shard URL joined with the
-    member name, as in torchdata 0.9; the member is ``bytes`` that also read like 0.9's stream
-    (:class:`~shardpipes.formats.stream.StreamBytes`) and carry ``url``, ``name`` and byte
+    member name, as in torchdata 0.9; the member is an in-memory file, as 0.9's stream was,
+    that also answers like ``bytes`` (:class:`~shardpipes.formats.stream.StreamBytes`), and
+    carries ``url``, ``name`` and byte
     offsets. A gzip, bzip2 or xz compressed archive (``.tar.gz``, ``.tgz``, ``.tar.bz2``,
     ``.tar.xz``, recognised by its first bytes) is decompressed as it streams. The source
     stream is closed when its archive ends, on error, or when iteration stops.

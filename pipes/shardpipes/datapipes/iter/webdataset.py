@@ -43,8 +43,9 @@ class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
 
     A sample is a dict ``{"__key__": key, "__url__": shard URL, ".jpg": bytes, ".cls": bytes,
     ...}``, one entry per member (the values are
-    :class:`~shardpipes.formats.stream.StreamBytes`: ``bytes`` that also have torchdata 0.9's
-    stream methods, ``read()``, ``close()``, ``file_obj``, iteration over lines), keyed by the member's extension (everything after the first
+    :class:`~shardpipes.formats.stream.StreamBytes`: in-memory files, as torchdata 0.9's
+    streams were, that also answer like ``bytes``), keyed by the member's extension
+    (everything after the first
     dot of its basename). Samples never straddle two shards. Members of one sample must be
     adjacent in the archive, as the WebDataset format requires; a key that comes back later in
     the same shard is an error rather than a silently split sample.
