@@ -23,25 +23,35 @@ import gzip
 import io
 import lzma
 import mmap
+import operator
 import os
 import stat
 import tarfile
 import zlib
 from collections.abc import Callable, Iterator
+from itertools import repeat
 from typing import IO, Any, NamedTuple
 
 from shardpipes.errors import ShardFormatError
 from shardpipes.formats.stream import StreamBytes, binary_stream
+from shardpipes.formats.tarblocks import scan
 from shardpipes.formats.tarheaders import (
     BLOCK,
     NO_PAX,
     Carry,
     at_end,
-    scan,
     truncated,
 )
 
-__all__ = ["BLOCK", "TarEntry", "iter_tar"]
+__all__ = [
+    "BLOCK",
+    "Span",
+    "TarEntry",
+    "entries_of",
+    "iter_tar",
+    "iter_tar_lists",
+    "iter_tar_parts",
+]
 
 _MAGIC = (
     (b"\x1f\x8b", "gzip"),
@@ -69,6 +79,10 @@ class TarEntry(NamedTuple):
 # made hundreds of thousands of times a second.
 _entry: Callable[[type[TarEntry], tuple[str, StreamBytes, int, int]], TarEntry] = tuple.__new__
 
+# A member found by the scanner: (name, offset of its first header, data position, size).
+Span = tuple[str, int, int, int]
+Part = tuple[list[Span], memoryview, int]
+
 
 def iter_tar(
     stream: IO[bytes],
@@ -79,6 +93,50 @@ def iter_tar(
     start_offset: int = 0,
 ) -> Iterator[TarEntry]:
     """Yield the regular files of the tar archive read from ``stream``, in archive order.
+
+    One by one, as :func:`iter_tar_lists` yields them in lists (same arguments, same errors).
+    """
+    for entries in iter_tar_lists(
+        stream, url, chunk_size=chunk_size, require_end=require_end, start_offset=start_offset
+    ):
+        yield from entries
+
+
+def iter_tar_lists(
+    stream: IO[bytes],
+    url: str,
+    *,
+    chunk_size: int = _DEFAULT_CHUNK,
+    require_end: bool = True,
+    start_offset: int = 0,
+) -> Iterator[list[TarEntry]]:
+    """Yield the regular files of the tar archive read from ``stream``, in archive order, in lists.
+
+    A list holds the members whose headers were parsed together, up to about ``chunk_size``
+    bytes of member data (at least one member): consumers that work on many members at once
+    take them so, without a generator step per member. Same arguments and errors as
+    :func:`iter_tar_parts`, of which each part's members are made here.
+    """
+    for part, source, base in iter_tar_parts(
+        stream, url, chunk_size=chunk_size, require_end=require_end, start_offset=start_offset
+    ):
+        yield entries_of(part, source, base)
+
+
+def iter_tar_parts(
+    stream: IO[bytes],
+    url: str,
+    *,
+    chunk_size: int = _DEFAULT_CHUNK,
+    require_end: bool = True,
+    start_offset: int = 0,
+) -> Iterator[tuple[list[Span], memoryview, int]]:
+    """Yield the archive's regular files as ``(spans, source, base)``, without copying their data.
+
+    ``spans`` are ``(name, offset, data position, size)`` of up to about ``chunk_size`` bytes
+    of members, their data at ``source[position : position + size]``; ``base`` added to a
+    position gives the data's offset in the archive. ``source`` is valid until the next part
+    is asked for: copy out what is kept (:func:`entries_of` makes the members).
 
     A whole local file (a plain file object at offset 0, as ``open()`` or fsspec's local
     filesystem return it) is memory-mapped and its members are copied straight out of the
@@ -103,7 +161,9 @@ def iter_tar(
     stream = binary_stream(stream)
     opened = getattr(stream, "file_obj", stream)
     if isinstance(opened, tarfile.TarFile):  # torchdata 0.9's decompress() of a .tar.gz
-        yield from _iter_tarfile(opened, url)
+        for entries in _iter_tarfile(opened, url):
+            for name, data, offset, data_offset in entries:
+                yield [(name, offset, 0, len(data))], memoryview(data), data_offset
         return
     mapped = _map(stream) if require_end and start_offset == 0 else None
     if mapped is not None and _compression(mapped[:6]) is not None:
@@ -123,7 +183,7 @@ def iter_tar(
             pass
 
 
-def _iter_tarfile(tar: tarfile.TarFile, url: str) -> Iterator[TarEntry]:
+def _iter_tarfile(tar: tarfile.TarFile, url: str) -> Iterator[list[TarEntry]]:
     """The regular files of an archive that Python's ``tarfile`` has already opened."""
     info = None
     try:
@@ -132,7 +192,7 @@ def _iter_tarfile(tar: tarfile.TarFile, url: str) -> Iterator[TarEntry]:
                 continue
             member = tar.extractfile(info)
             data = member.read() if member is not None else b""
-            yield _entry(TarEntry, (info.name, StreamBytes(data), info.offset, info.offset_data))
+            yield [_entry(TarEntry, (info.name, StreamBytes(data), info.offset, info.offset_data))]
     except (tarfile.TarError, EOFError, OSError) as exc:
         where = info.offset if info is not None else 0
         raise ShardFormatError(
@@ -237,7 +297,7 @@ def _map(stream: IO[bytes]) -> mmap.mmap | None:
     return mapped
 
 
-def _iter_mapped(buf: mmap.mmap, url: str, chunk_size: int) -> Iterator[TarEntry]:
+def _iter_mapped(buf: mmap.mmap, url: str, chunk_size: int) -> Iterator[Part]:
     view = memoryview(buf)
     try:
         yield from _iter_view(buf, view, url, chunk_size)
@@ -245,7 +305,7 @@ def _iter_mapped(buf: mmap.mmap, url: str, chunk_size: int) -> Iterator[TarEntry
         view.release()
 
 
-def _iter_view(buf: mmap.mmap, view: memoryview, url: str, chunk_size: int) -> Iterator[TarEntry]:
+def _iter_view(buf: mmap.mmap, view: memoryview, url: str, chunk_size: int) -> Iterator[Part]:
     carry: Carry = [None, NO_PAX, None]
     pos = 0
     # Pages of the map that were read stay in this process's resident set (as shared file
@@ -258,12 +318,12 @@ def _iter_view(buf: mmap.mmap, view: memoryview, url: str, chunk_size: int) -> I
         # the file, since scanning a map reads nothing but the headers, and the numpy check
         # costs about the same for 10 headers as for 100 (large members).
         entries, pos, end, need = scan(buf, pos, pos + 4 * chunk_size, 0, url, carry)
-        for name, start, dpos, size in entries:
-            # One copy, straight out of the page cache into the value.
-            data = StreamBytes(view[dpos : dpos + size])
-            if len(data) != size:  # the file was truncated since it was mapped
-                truncated(url, dpos + len(data), f"inside member {name!r}")
-            yield _entry(TarEntry, (name, data, start, dpos))
+        if entries:
+            name, _, dpos, size = entries[-1]
+            if dpos + size > len(view):  # the file was truncated since it was mapped
+                truncated(url, len(view), f"inside member {name!r}")
+        for part in _parts(entries, chunk_size):
+            yield part, view, 0  # the data is then copied straight out of the page cache
         upto = min(pos, len(buf)) & ~(mmap.PAGESIZE - 1)
         if release is not None and upto > released:
             release(mmap.MADV_DONTNEED, released, upto - released)
@@ -276,7 +336,7 @@ def _iter_view(buf: mmap.mmap, view: memoryview, url: str, chunk_size: int) -> I
 
 def _iter_stream(
     stream: IO[bytes], url: str, chunk_size: int, require_end: bool, start_offset: int
-) -> Iterator[TarEntry]:
+) -> Iterator[Part]:
     read = stream.read
     buf = b""
     base = start_offset  # archive offset of buf[0]; always a multiple of 512
@@ -285,10 +345,8 @@ def _iter_stream(
     while True:
         entries, pos, end, need = scan(buf, pos, len(buf), base, url, carry)
         view = memoryview(buf)
-        for name, start, dpos, size in entries:
-            yield _entry(
-                TarEntry, (name, StreamBytes(view[dpos : dpos + size]), start, base + dpos)
-            )
+        for part in _parts(entries, chunk_size):
+            yield part, view, base
         view.release()
         if end:
             return
@@ -313,6 +371,46 @@ def _iter_stream(
 
 
 _MAX_READ = 64 << 20
+
+
+def entries_of(part: list[Span], source: memoryview, base: int) -> list[TarEntry]:
+    """The members of a part of :func:`iter_tar_parts`, their data copied out of ``source``."""
+    if not part:
+        return []
+    view = source
+    names, starts, at, sizes = zip(*part, strict=True)
+    # Every step a C-level map: no Python frame per member.
+    data = map(StreamBytes, map(view.__getitem__, map(slice, at, map(operator.add, at, sizes))))
+    offsets = map(operator.add, at, repeat(base)) if base else at
+    return list(
+        map(tuple.__new__, repeat(TarEntry), zip(names, data, starts, offsets, strict=True))
+    )
+
+
+_PART = 512  # members per list at most
+
+
+def _parts(
+    entries: list[tuple[str, int, int, int]], budget: int
+) -> Iterator[list[tuple[str, int, int, int]]]:
+    """``entries`` cut into runs of about ``budget`` bytes of data (and ``_PART`` members) each.
+
+    What a list of members holds in memory at once stays near one chunk, as when members were
+    made one at a time.
+    """
+    if len(entries) <= _PART and sum(e[3] for e in entries) <= budget:
+        if entries:
+            yield entries
+        return
+    start = 0
+    held = 0
+    for i, entry in enumerate(entries):
+        held += entry[3]
+        if held > budget or i - start >= _PART:
+            if i > start:
+                yield entries[start:i]
+            start, held = i, entry[3]
+    yield entries[start:]
 
 
 def _read_upto(read: Callable[[int], bytes], size: int) -> bytes:
