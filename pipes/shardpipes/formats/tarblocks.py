@@ -41,19 +41,30 @@ _MIN_BLOCKS = 64
 
 
 def scan(
-    buf: Buffer, pos: int, stop: int, base: int, url: str, carry: Carry
+    buf: Buffer,
+    pos: int,
+    stop: int,
+    base: int,
+    url: str,
+    carry: Carry,
+    *,
+    min_blocks: int = _MIN_BLOCKS,
 ) -> tuple[list[tuple[str, int, int, int]], int, bool, int]:
-    """:func:`shardpipes.formats.tarheaders.scan`, parsing runs of plain headers in bulk."""
+    """:func:`shardpipes.formats.tarheaders.scan`, parsing runs of plain headers in bulk.
+
+    ``min_blocks``: windows of fewer blocks go to the general scanner (tests lower it to
+    compare the two on small archives).
+    """
     if carry[0] is not None or carry[1] is not NO_PAX or carry[2] is not None or pos % BLOCK:
         return tarheaders.scan(buf, pos, stop, base, url, carry)
     total = len(buf) // BLOCK
     first = pos // BLOCK
     last = min(-(-stop // BLOCK), total)  # headers start before stop and inside the buffer
-    if last - first < _MIN_BLOCKS:
+    if last - first < max(min_blocks, 1):
         return tarheaders.scan(buf, pos, stop, base, url, carry)
     # Rows are gathered as 64 words (numpy copies 8-byte items far faster than bytes), then
     # read as bytes.
-    blocks = np.frombuffer(buf, dtype=np.uint64, count=total * BLOCK // 8).reshape(total, -1)
+    blocks = np.frombuffer(buf, dtype=np.uint64, count=total * BLOCK // 8).reshape(total, 64)
     try:
         found = _chain(blocks, first, last, len(buf), base)
     finally:
