@@ -329,8 +329,11 @@ class _Grouping:
         lo = spans[0][2]
         hi = spans[-1][2] + spans[-1][3]
         if self.deferred and hi - lo <= _DEFER_BYTES * count:
-            # One copy of the run's bytes, shared by its samples until each is made.
-            window = bytes(source[lo:hi])
+            owner = source.obj
+            if type(owner) is bytes and len(owner) == len(source):
+                window, lo = owner, 0  # a chunk read from a stream: shared as it is
+            else:  # a mapped shard: one copy of the run's bytes, shared by its samples
+                window = bytes(source[lo:hi])
             at = [x[2] - lo for x in spans]
             ends = [x[2] + x[3] - lo for x in spans]
             bounds = [c for r in range(m) for c in (at[r::m], ends[r::m])]
