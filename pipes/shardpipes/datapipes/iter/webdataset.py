@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import repeat
@@ -329,15 +330,19 @@ class _Grouping:
         lo = spans[0][2]
         hi = spans[-1][2] + spans[-1][3]
         if self.deferred and hi - lo <= _DEFER_BYTES * count:
-            owner = source.obj
-            if type(owner) is bytes and len(owner) == len(source):
-                window, lo = owner, 0  # a chunk read from a stream: shared as it is
-            else:  # a mapped shard: one copy of the run's bytes, shared by its samples
-                window = bytes(source[lo:hi])
-            at = [x[2] - lo for x in spans]
-            ends = [x[2] + x[3] - lo for x in spans]
-            bounds = [c for r in range(m) for c in (at[r::m], ends[r::m])]
-            out.extend(zip(keys, repeat(member_url), repeat(shape), repeat(window), *bounds))
+            # Each sample's bytes copied once, into one bytes object of its own: a shared
+            # window would stay alive until the last of its samples left the shuffle buffer.
+            at = [x[2] for x in spans]
+            ends = [x[2] + x[3] for x in spans]
+            firsts = at[::m]
+            windows = list(
+                map(bytes, map(source.__getitem__, map(slice, firsts, ends[m - 1 :: m])))
+            )
+            bounds = []
+            for r in range(m):
+                bounds.append(list(map(operator.sub, at[r::m], firsts)))
+                bounds.append(list(map(operator.sub, ends[r::m], firsts)))
+            out.extend(zip(keys, repeat(member_url), repeat(shape), windows, *bounds))
             return out
         data = [e[1] for e in entries_of(spans, source, base)]
         columns = [data[r::m] for r in range(m)]
