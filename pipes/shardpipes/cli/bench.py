@@ -82,7 +82,7 @@ def pipeline(
     """The measured graph: shard split, open, tar, group into samples, [decode, shuffle,] batch."""
     from shardpipes.datapipes.iter import IterableWrapper
 
-    dp = IterableWrapper(urls)
+    dp: Any = IterableWrapper(urls)
     dp = dp.sharding_by_index() if index else dp.sharding_filter()
     dp = dp.open_files_by_fsspec(mode="rb").load_from_tar().webdataset()
     if decode:
