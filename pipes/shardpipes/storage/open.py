@@ -16,6 +16,8 @@ from typing import IO, Any, cast
 
 from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.memory import MemoryFileSystem
 
 from shardpipes.errors import ShardReadError
 from shardpipes.storage.remote import open_remote
@@ -134,9 +136,6 @@ def check_read_options(block_size: int | None, readahead: int | None) -> None:
 
 def is_local(fs: Any, url: str) -> bool:
     """Whether ``url`` is read in-process (local disk, memory, or a chained fsspec URL)."""
-    from fsspec.implementations.local import LocalFileSystem
-    from fsspec.implementations.memory import MemoryFileSystem
-
     return isinstance(fs, (LocalFileSystem, MemoryFileSystem)) or "::" in url
 
 
