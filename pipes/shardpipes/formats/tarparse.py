@@ -28,8 +28,10 @@ import os
 import stat
 import tarfile
 import zlib
+from bisect import bisect_right
 from collections.abc import Callable, Iterator
-from itertools import repeat
+from itertools import accumulate, repeat
+from operator import itemgetter
 from typing import IO, Any, NamedTuple
 
 from shardpipes.errors import ShardFormatError
@@ -390,27 +392,20 @@ def entries_of(part: list[Span], source: memoryview, base: int) -> list[TarEntry
 _PART = 512  # members per list at most
 
 
-def _parts(
-    entries: list[tuple[str, int, int, int]], budget: int
-) -> Iterator[list[tuple[str, int, int, int]]]:
+def _parts(entries: list[Span], budget: int) -> Iterator[list[Span]]:
     """``entries`` cut into runs of about ``budget`` bytes of data (and ``_PART`` members) each.
 
     What a list of members holds in memory at once stays near one chunk, as when members were
-    made one at a time.
+    made one at a time. Each run has at least one member.
     """
-    if len(entries) <= _PART and sum(e[3] for e in entries) <= budget:
-        if entries:
-            yield entries
-        return
+    n = len(entries)
+    ends = list(accumulate(map(itemgetter(3), entries)))  # data bytes up to each member
     start = 0
-    held = 0
-    for i, entry in enumerate(entries):
-        held += entry[3]
-        if held > budget or i - start >= _PART:
-            if i > start:
-                yield entries[start:i]
-            start, held = i, entry[3]
-    yield entries[start:]
+    while start < n:
+        held = ends[start - 1] if start else 0
+        stop = min(bisect_right(ends, held + budget, start + 1), start + _PART)
+        yield entries[start : max(stop, start + 1)]
+        start = max(stop, start + 1)
 
 
 def _read_upto(read: Callable[[int], bytes], size: int) -> bytes:
