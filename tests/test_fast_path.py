@@ -80,7 +80,7 @@ def _scan_all(scan, buf: bytes, stop_step: int, base: int):
 
 
 def _bulk(buf, pos, stop, base, url, carry):
-    return tarblocks.scan(buf, pos, stop, base, url, carry, min_blocks=0)
+    return tarblocks.scan(buf, pos, stop, base, url, carry, min_blocks=0, min_headers=0)
 
 
 @settings(max_examples=budget(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])

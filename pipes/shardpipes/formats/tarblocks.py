@@ -36,8 +36,10 @@ __all__ = ["scan"]
 _MAGIC = np.frombuffer(b"ustar", dtype=np.uint8)
 _OCT11 = 8.0 ** np.arange(10, -1, -1)
 _OCT6 = 8 ** np.arange(5, -1, -1, dtype=np.int64)
-# Fewer headers than this in a window: the general scanner is as fast (numpy costs per call).
+# Fewer blocks, or fewer would-be headers, than this in a window: the general scanner is as
+# fast (numpy costs per call; a window of a few large members has only a few headers).
 _MIN_BLOCKS = 64
+_MIN_HEADERS = 32
 
 
 def scan(
@@ -49,11 +51,13 @@ def scan(
     carry: Carry,
     *,
     min_blocks: int = _MIN_BLOCKS,
+    min_headers: int = _MIN_HEADERS,
 ) -> tuple[list[tuple[str, int, int, int]], int, bool, int]:
     """:func:`shardpipes.formats.tarheaders.scan`, parsing runs of plain headers in bulk.
 
-    ``min_blocks``: windows of fewer blocks go to the general scanner (tests lower it to
-    compare the two on small archives).
+    ``min_blocks``, ``min_headers``: windows of fewer blocks, or with fewer blocks that carry
+    the ustar magic, go to the general scanner (tests lower both to compare the two on small
+    archives).
     """
     if carry[0] is not None or carry[1] is not NO_PAX or carry[2] is not None or pos % BLOCK:
         return tarheaders.scan(buf, pos, stop, base, url, carry)
@@ -66,7 +70,7 @@ def scan(
     # read as bytes.
     blocks = np.frombuffer(buf, dtype=np.uint64, count=total * BLOCK // 8).reshape(total, 64)
     try:
-        found = _chain(blocks, first, last, len(buf), base)
+        found = _chain(blocks, first, last, len(buf), base, min_headers)
     finally:
         del blocks  # a view of buf: an mmap cannot be closed while one exists
     if found is None:
@@ -79,16 +83,18 @@ def scan(
 
 
 def _chain(
-    blocks: np.ndarray, first: int, last: int, size_of_buf: int, base: int
+    blocks: np.ndarray, first: int, last: int, size_of_buf: int, base: int, min_headers: int
 ) -> tuple[list[tuple[str, int, int, int]], int, bool] | None:
     """``(entries, next header position, whether the general scanner must go on from it)``.
 
-    ``None`` when the plain run is wrong in itself (a checksum): the general scanner then
-    parses the whole window and raises what it raises.
+    ``None`` when the plain run is wrong in itself (a checksum), or too short to pay for
+    the arrays: the general scanner then parses the whole window (and raises what it raises).
     """
     window = blocks[first:last]
     magic = (window.view(np.uint8)[:, 257:262] == _MAGIC).all(axis=1)
     cand = np.flatnonzero(magic)
+    if len(cand) < min_headers:
+        return None
     rows64 = window[cand]
     rows = rows64.view(np.uint8)
     digits = rows[:, 124:135] - np.uint8(48)  # wraps below "0": > 7 either way
