@@ -258,6 +258,20 @@ def test_bench_with_workers_and_limit(shard_pattern, capsys):
     assert "epoch 0: 24 samples" in capsys.readouterr().out  # stops after the batch that passes 20
 
 
+def test_bench_profile_prints_the_cost_of_each_stage(shard_pattern, capsys):
+    args = ["bench", shard_pattern, "--profile", "--shuffle-buffer", "10", "--decode"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    rows = re.findall(r"^(.+) \| ([\d.]+) \| ([+-][\d.]+)$", out, re.M)
+    assert [r[0].rsplit(" + ", 1)[-1] for r in rows] == ["webdataset", "decode", "shuffle", "batch"]
+    assert rows[0][0].startswith("IterableWrapper + sharding_filter + open_files_by_fsspec")
+    cumulative = [float(r[1]) for r in rows]
+    own = [float(r[2]) for r in rows]
+    assert all(c > 0 for c in cumulative)
+    assert abs(sum(own) - cumulative[-1]) < 0.2  # the own costs add up to the total
+    assert re.search(r"total: [\d.]+ us per sample = [\d,]+ samples per CPU-second", out)
+
+
 # --- the console script ------------------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["add_parser", "pipeline", "run", "sample_bytes"]
+__all__ = ["add_parser", "pipeline", "print_profile", "run", "sample_bytes", "stage_profile"]
 
 
 def add_parser(sub: Any) -> None:
@@ -47,21 +47,117 @@ def add_parser(sub: Any) -> None:
         help="stop each epoch after this many samples (default: all)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--shuffle-buffer",
+        type=int,
+        default=0,
+        metavar="N",
+        help="add the sample shuffle, shuffle(buffer_size=N), before the batch (default: none)",
+    )
+    p.add_argument("--decode", action="store_true", help="add decode() after webdataset()")
+    p.add_argument(
+        "--index",
+        action="store_true",
+        help="split by samples with the shard index (sharding_by_index) instead of "
+        "sharding_filter (build it first with `shardpipes index`)",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="print where the time goes: the CPU cost per sample of each stage of the "
+        "pipeline, in this process (each stage measured as the pipeline up to it, run as "
+        "DataLoader2 runs it, minus the pipeline before it)",
+    )
     p.set_defaults(func=run)
 
 
-def pipeline(urls: list[str], batch_size: int) -> Any:
-    """The measured graph: shard split, open, tar, group into samples, batch."""
+def pipeline(
+    urls: list[str],
+    batch_size: int,
+    *,
+    shuffle_buffer: int = 0,
+    decode: bool = False,
+    index: bool = False,
+) -> Any:
+    """The measured graph: shard split, open, tar, group into samples, [decode, shuffle,] batch."""
     from shardpipes.datapipes.iter import IterableWrapper
 
-    return (
-        IterableWrapper(urls)
-        .sharding_filter()
-        .open_files_by_fsspec(mode="rb")
-        .load_from_tar()
-        .webdataset()
-        .batch(batch_size)
-    )
+    dp: Any = IterableWrapper(urls)
+    dp = dp.sharding_by_index() if index else dp.sharding_filter()
+    dp = dp.open_files_by_fsspec(mode="rb").load_from_tar().webdataset()
+    if decode:
+        dp = dp.decode()
+    if shuffle_buffer:
+        dp = dp.shuffle(buffer_size=shuffle_buffer)
+    return dp.batch(batch_size)
+
+
+def stage_profile(dp: Any, *, rounds: int = 3) -> list[tuple[str, float, float]]:
+    """``(stage, cumulative, own)`` CPU microseconds per sample for each stage of a linear graph.
+
+    The pipeline up to each stage is copied, made lean as ``DataLoader2`` makes it, and read to
+    the end in this process (best of ``rounds``, CPU time); a stage's own cost is its
+    pipeline's less the one before it. Stages before the first that yields samples (shard
+    lists, openers) are counted together with it. The sample count is that of the whole
+    pipeline's output (batches counted by their samples).
+    """
+    import copy
+
+    from shardpipes.dataloader2.graph import lean_graph
+    from shardpipes.datapipes.iter._index_length import source_of
+
+    chain = []
+    node = dp
+    while node is not None:
+        chain.append(node)
+        node = source_of(node)
+    chain.reverse()
+
+    def cost(stage: Any) -> tuple[float, int]:
+        best, count = float("inf"), 0
+        for _ in range(rounds):
+            graph = lean_graph(copy.deepcopy(stage))
+            t0 = time.process_time()
+            count = sum(len(x) if isinstance(x, list) else 1 for x in graph)
+            best = min(best, time.process_time() - t0)
+        return best, count
+
+    names = [_stage_name(stage) for stage in chain]
+    total, samples = cost(chain[-1])
+    rows: list[tuple[str, float, float]] = []
+    before = 0.0
+    first = next((i for i, n in enumerate(names) if n == "load_from_tar"), 0)
+    if names[first + 1 : first + 2] == ["webdataset"]:
+        first += 1  # webdataset() takes members straight from the tar parser: one stage
+    for i in range(first, len(chain)):
+        seconds = total if i == len(chain) - 1 else cost(chain[i])[0]
+        cum = 1e6 * seconds / max(samples, 1)
+        label = " + ".join(names[: i + 1]) if i == first else names[i]
+        rows.append((label, cum, cum - before))
+        before = cum
+    return rows
+
+
+def _stage_name(stage: Any) -> str:
+    from torch.utils.data import IterDataPipe
+
+    for name, fn in IterDataPipe.functions.items():
+        owner = getattr(fn, "args", (None,))[0] if hasattr(fn, "args") else None
+        if owner is type(stage):
+            return name
+    return type(stage).__name__.removesuffix("IterDataPipe")
+
+
+def print_profile(dp: Any) -> None:
+    """Print :func:`stage_profile` of ``dp`` as a table."""
+    rows = stage_profile(dp)
+    print("stage | CPU us per sample (cumulative) | own")
+    for label, cum, own in rows:
+        print(f"{label} | {cum:.1f} | {own:+.1f}")
+    if rows:
+        print(
+            f"total: {rows[-1][1]:.1f} us per sample = {1e6 / rows[-1][1]:,.0f} samples per CPU-second"
+        )
 
 
 def sample_bytes(sample: dict[str, Any]) -> int:
@@ -103,7 +199,17 @@ def run(args: argparse.Namespace) -> int:
             f"note: {args.workers} workers for {len(urls)} shards: {args.workers - len(urls)} idle",
             file=sys.stderr,
         )
-    dp = pipeline(urls, args.batch_size)
+    dp = pipeline(
+        urls,
+        args.batch_size,
+        shuffle_buffer=args.shuffle_buffer,
+        decode=args.decode,
+        index=args.index,
+    )
+    if args.profile:
+        print(f"profile of {len(urls)} shards in this process, batch size {args.batch_size}")
+        print_profile(dp)
+        return 0
     how = "in this process" if args.workers == 0 else f"DataLoader2 with {args.workers} workers"
     print(f"reading {len(urls)} shards {how}, batch size {args.batch_size}")
     with _loader(dp, args.workers) as loader:

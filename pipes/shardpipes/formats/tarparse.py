@@ -21,28 +21,41 @@ from __future__ import annotations
 import io
 import lzma
 import mmap
+import operator
 import os
 import stat
 import tarfile
 import zlib
+from bisect import bisect_right
 from collections.abc import Callable, Iterator
+from itertools import accumulate, repeat
+from operator import itemgetter
 from typing import IO, Any, NamedTuple
 
 from shardpipes.errors import ShardFormatError
 from shardpipes.formats.compression import MAGIC_LENGTH, by_magic, decompress_stream
 from shardpipes.formats.stream import StreamBytes, binary_stream
+from shardpipes.formats.tarblocks import scan
 from shardpipes.formats.tarheaders import (
     BLOCK,
     NO_PAX,
     Carry,
     at_end,
-    scan,
     truncated,
 )
 
-__all__ = ["BLOCK", "TarEntry", "iter_tar"]
+__all__ = [
+    "BLOCK",
+    "Span",
+    "TarEntry",
+    "entries_of",
+    "iter_tar",
+    "iter_tar_lists",
+    "iter_tar_parts",
+]
 
 _DEFAULT_CHUNK = 1 << 20
+_AHEAD = 1  # chunks of a mapped file whose headers are scanned at once
 
 
 class TarEntry(NamedTuple):
@@ -63,6 +76,10 @@ class TarEntry(NamedTuple):
 # made hundreds of thousands of times a second.
 _entry: Callable[[type[TarEntry], tuple[str, StreamBytes, int, int]], TarEntry] = tuple.__new__
 
+# A member found by the scanner: (name, offset of its first header, data position, size).
+Span = tuple[str, int, int, int]
+Part = tuple[list[Span], memoryview, int]
+
 
 def iter_tar(
     stream: IO[bytes],
@@ -74,6 +91,50 @@ def iter_tar(
 ) -> Iterator[TarEntry]:
     """Yield the regular files of the tar archive read from ``stream``, in archive order.
 
+    One by one, as :func:`iter_tar_lists` yields them in lists (same arguments, same errors).
+    """
+    for entries in iter_tar_lists(
+        stream, url, chunk_size=chunk_size, require_end=require_end, start_offset=start_offset
+    ):
+        yield from entries
+
+
+def iter_tar_lists(
+    stream: IO[bytes],
+    url: str,
+    *,
+    chunk_size: int = _DEFAULT_CHUNK,
+    require_end: bool = True,
+    start_offset: int = 0,
+) -> Iterator[list[TarEntry]]:
+    """Yield the regular files of the tar archive read from ``stream``, in archive order, in lists.
+
+    A list holds the members whose headers were parsed together, up to about ``chunk_size``
+    bytes of member data (at least one member): consumers that work on many members at once
+    take them so, without a generator step per member. Same arguments and errors as
+    :func:`iter_tar_parts`, of which each part's members are made here.
+    """
+    for part, source, base in iter_tar_parts(
+        stream, url, chunk_size=chunk_size, require_end=require_end, start_offset=start_offset
+    ):
+        yield entries_of(part, source, base)
+
+
+def iter_tar_parts(
+    stream: IO[bytes],
+    url: str,
+    *,
+    chunk_size: int = _DEFAULT_CHUNK,
+    require_end: bool = True,
+    start_offset: int = 0,
+) -> Iterator[tuple[list[Span], memoryview, int]]:
+    """Yield the archive's regular files as ``(spans, source, base)``, without copying their data.
+
+    ``spans`` are ``(name, offset, data position, size)`` of up to about ``chunk_size`` bytes
+    of members, their data at ``source[position : position + size]``; ``base`` added to a
+    position gives the data's offset in the archive. ``source`` is valid until the next part
+    is asked for: copy out what is kept (:func:`entries_of` makes the members).
+
     A whole local file (a plain file object at offset 0, as ``open()`` or fsspec's local
     filesystem return it) is memory-mapped and its members are copied straight out of the
     page cache: one copy per byte, no read buffers. Anything else (remote streams, byte ranges,
@@ -82,8 +143,8 @@ def iter_tar(
     Args:
         stream: A binary file object, read sequentially with ``read(n)``.
         url: Named in every error.
-        chunk_size: How many bytes to read at a time (for a mapped file: a quarter of how far
-            headers are parsed and verified ahead of the members yielded). Default: ``1 MiB``.
+        chunk_size: How many bytes to read at a time (for a mapped file: how far headers are
+            parsed and verified ahead of the members yielded). Default: ``1 MiB``.
         require_end: Treat a stream that ends on a member boundary without the end-of-archive
             blocks as truncated (a file cut at a multiple of 512 bytes would otherwise lose its
             tail silently). ``False`` reads a byte range of an archive. Default: ``True``.
@@ -97,7 +158,9 @@ def iter_tar(
     stream = binary_stream(stream)
     opened = getattr(stream, "file_obj", stream)
     if isinstance(opened, tarfile.TarFile):  # torchdata 0.9's decompress() of a .tar.gz
-        yield from _iter_tarfile(opened, url)
+        for entries in _iter_tarfile(opened, url):
+            for name, data, offset, data_offset in entries:
+                yield [(name, offset, 0, len(data))], memoryview(data), data_offset
         return
     mapped = _map(stream) if require_end and start_offset == 0 else None
     if mapped is not None and by_magic(mapped[:MAGIC_LENGTH]) is not None:
@@ -117,7 +180,7 @@ def iter_tar(
             pass
 
 
-def _iter_tarfile(tar: tarfile.TarFile, url: str) -> Iterator[TarEntry]:
+def _iter_tarfile(tar: tarfile.TarFile, url: str) -> Iterator[list[TarEntry]]:
     """The regular files of an archive that Python's ``tarfile`` has already opened."""
     info = None
     try:
@@ -126,7 +189,7 @@ def _iter_tarfile(tar: tarfile.TarFile, url: str) -> Iterator[TarEntry]:
                 continue
             member = tar.extractfile(info)
             data = member.read() if member is not None else b""
-            yield _entry(TarEntry, (info.name, StreamBytes(data), info.offset, info.offset_data))
+            yield [_entry(TarEntry, (info.name, StreamBytes(data), info.offset, info.offset_data))]
     except (tarfile.TarError, EOFError, OSError) as exc:
         where = info.offset if info is not None else 0
         raise ShardFormatError(
@@ -226,7 +289,7 @@ def _map(stream: IO[bytes]) -> mmap.mmap | None:
     return mapped
 
 
-def _iter_mapped(buf: mmap.mmap, url: str, chunk_size: int) -> Iterator[TarEntry]:
+def _iter_mapped(buf: mmap.mmap, url: str, chunk_size: int) -> Iterator[Part]:
     view = memoryview(buf)
     try:
         yield from _iter_view(buf, view, url, chunk_size)
@@ -234,7 +297,7 @@ def _iter_mapped(buf: mmap.mmap, url: str, chunk_size: int) -> Iterator[TarEntry
         view.release()
 
 
-def _iter_view(buf: mmap.mmap, view: memoryview, url: str, chunk_size: int) -> Iterator[TarEntry]:
+def _iter_view(buf: mmap.mmap, view: memoryview, url: str, chunk_size: int) -> Iterator[Part]:
     carry: Carry = [None, NO_PAX, None]
     pos = 0
     # Pages of the map that were read stay in this process's resident set (as shared file
@@ -243,16 +306,16 @@ def _iter_view(buf: mmap.mmap, view: memoryview, url: str, chunk_size: int) -> I
     release = getattr(buf, "madvise", None)
     released = 0
     while True:
-        # Headers are verified a group ahead of the members yielded; a group spans 4 chunks of
-        # the file, since scanning a map reads nothing but the headers, and the numpy check
-        # costs about the same for 10 headers as for 100 (large members).
-        entries, pos, end, need = scan(buf, pos, pos + 4 * chunk_size, 0, url, carry)
-        for name, start, dpos, size in entries:
-            # One copy, straight out of the page cache into the value.
-            data = StreamBytes(view[dpos : dpos + size])
-            if len(data) != size:  # the file was truncated since it was mapped
-                truncated(url, dpos + len(data), f"inside member {name!r}")
-            yield _entry(TarEntry, (name, data, start, dpos))
+        # Headers are verified a group ahead of the members yielded; a group spans one chunk
+        # of the file: the bulk scanner's arrays grow with it (4 chunks held 4 MB more at the
+        # peak on 2 KB samples), and a chunk of a few large members goes to the general one.
+        entries, pos, end, need = scan(buf, pos, pos + _AHEAD * chunk_size, 0, url, carry)
+        if entries:
+            name, _, dpos, size = entries[-1]
+            if dpos + size > len(view):  # the file was truncated since it was mapped
+                truncated(url, len(view), f"inside member {name!r}")
+        for part in _parts(entries, chunk_size):
+            yield part, view, 0  # the data is then copied straight out of the page cache
         upto = min(pos, len(buf)) & ~(mmap.PAGESIZE - 1)
         if release is not None and upto > released:
             release(mmap.MADV_DONTNEED, released, upto - released)
@@ -265,7 +328,7 @@ def _iter_view(buf: mmap.mmap, view: memoryview, url: str, chunk_size: int) -> I
 
 def _iter_stream(
     stream: IO[bytes], url: str, chunk_size: int, require_end: bool, start_offset: int
-) -> Iterator[TarEntry]:
+) -> Iterator[Part]:
     read = stream.read
     buf = b""
     base = start_offset  # archive offset of buf[0]; always a multiple of 512
@@ -274,10 +337,8 @@ def _iter_stream(
     while True:
         entries, pos, end, need = scan(buf, pos, len(buf), base, url, carry)
         view = memoryview(buf)
-        for name, start, dpos, size in entries:
-            yield _entry(
-                TarEntry, (name, StreamBytes(view[dpos : dpos + size]), start, base + dpos)
-            )
+        for part in _parts(entries, chunk_size):
+            yield part, view, base
         view.release()
         if end:
             return
@@ -302,6 +363,39 @@ def _iter_stream(
 
 
 _MAX_READ = 64 << 20
+
+
+def entries_of(part: list[Span], source: memoryview, base: int) -> list[TarEntry]:
+    """The members of a part of :func:`iter_tar_parts`, their data copied out of ``source``."""
+    if not part:
+        return []
+    view = source
+    names, starts, at, sizes = zip(*part, strict=True)
+    # Every step a C-level map: no Python frame per member.
+    data = map(StreamBytes, map(view.__getitem__, map(slice, at, map(operator.add, at, sizes))))
+    offsets = map(operator.add, at, repeat(base)) if base else at
+    return list(
+        map(tuple.__new__, repeat(TarEntry), zip(names, data, starts, offsets, strict=True))
+    )
+
+
+_PART = 512  # members per list at most
+
+
+def _parts(entries: list[Span], budget: int) -> Iterator[list[Span]]:
+    """``entries`` cut into runs of about ``budget`` bytes of data (and ``_PART`` members) each.
+
+    What a list of members holds in memory at once stays near one chunk, as when members were
+    made one at a time. Each run has at least one member.
+    """
+    n = len(entries)
+    ends = list(accumulate(map(itemgetter(3), entries)))  # data bytes up to each member
+    start = 0
+    while start < n:
+        held = ends[start - 1] if start else 0
+        stop = min(bisect_right(ends, held + budget, start + 1), start + _PART)
+        yield entries[start : max(stop, start + 1)]
+        start = max(stop, start + 1)
 
 
 def _read_upto(read: Callable[[int], bytes], size: int) -> bytes:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
 import numpy as np
+from numpy.random import SeedSequence  # at import: a first use mid-epoch costs a full GC
 
 __all__ = [
     "DEFAULT_SHUFFLE_BUFFER",
@@ -44,7 +45,7 @@ def derive_seed(parts: Sequence[int]) -> int:
         >>> derive_seed([0, 1, 2]) == derive_seed([0, 1, 2]) != derive_seed([0, 2, 1])
         True
     """
-    words = np.random.SeedSequence([p & _MASK63 for p in parts]).generate_state(2, np.uint32)
+    words = SeedSequence([p & _MASK63 for p in parts]).generate_state(2, np.uint32)
     return (int(words[0]) << 31 | int(words[1])) & _MASK63
 
 

@@ -25,6 +25,7 @@ from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter import Batcher, Filter, Mapper, Shuffler
 
 from shardpipes.datapipes.iter.base import StageIterDataPipe
+from shardpipes.datapipes.iter.webdataset import WebDatasetIterDataPipe, materialize
 from shardpipes.plan.epoch import Resume
 from shardpipes.plan.readers import batches
 from shardpipes.plan.seeds import buffered_shuffle
@@ -91,7 +92,16 @@ class LeanShufflerIterDataPipe(StageIterDataPipe[T]):
             at = resume.shuffle_start() if resume is not None else None
             return at if at is not None else (seed, 0, [])
 
-        yield from buffered_shuffle(self.datapipe, draws, self.buffer_size)
+        source = self.datapipe
+        if isinstance(source, WebDatasetIterDataPipe):
+            # The buffer holds deferred samples (a window of the shard and offsets, which the
+            # garbage collector never visits); each is made into its dict as it leaves.
+            out: Any
+            for x in buffered_shuffle(source.deferred(), draws, self.buffer_size):
+                out = x if type(x) is dict else materialize(x)  # type: ignore[arg-type]
+                yield out
+            return
+        yield from buffered_shuffle(source, draws, self.buffer_size)
 
     def __len__(self) -> int:
         return len(self.datapipe)

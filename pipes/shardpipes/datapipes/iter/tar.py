@@ -8,7 +8,7 @@ from typing import IO, Any
 from shardpipes.datapipes.iter.base import StageIterDataPipe, register
 from shardpipes.errors import ShardFormatError, ShardReadError
 from shardpipes.formats.stream import StreamBytes
-from shardpipes.formats.tarparse import TarEntry, iter_tar
+from shardpipes.formats.tarparse import Span, TarEntry, entries_of, iter_tar_parts
 from shardpipes.handlers import HandlerLike, SkipStats, resolve_handler
 from shardpipes.storage.ranges import ShardRange
 
@@ -118,7 +118,23 @@ class TarArchiveLoaderIterDataPipe(StageIterDataPipe[tuple[str, TarMember]]):
         self.skipped = SkipStats()
 
     def members(self) -> Iterator[tuple[str, TarEntry]]:
-        """Yield ``(url, entry)`` for every member: the lean path that ``webdataset`` uses."""
+        """Yield ``(url, entry)`` for every member."""
+        for url, entries in self.member_lists():
+            for entry in entries:
+                yield url, entry
+
+    def member_lists(self) -> Iterator[tuple[str, list[TarEntry]]]:
+        """Yield ``(url, entries)``: the members in archive order, in lists of one shard each."""
+        for url, part, source, base in self.member_parts():
+            yield url, entries_of(part, source, base)
+
+    def member_parts(self) -> Iterator[tuple[str, list[Span], memoryview, int]]:
+        """Yield ``(url, spans, source, base)`` as :func:`~shardpipes.formats.tarparse.iter_tar_parts` does.
+
+        The lean path that ``webdataset`` uses: members taken straight from the tar parser,
+        many at a time, their data copied only where they are kept. ``source`` is valid until
+        the next item is asked for.
+        """
         policy = self.handler
         for source_url, stream in self.source_datapipe:
             # A ShardRange (from sharding_by_index) is a byte span of the shard: members only,
@@ -126,14 +142,14 @@ class TarArchiveLoaderIterDataPipe(StageIterDataPipe[tuple[str, TarMember]]):
             span = source_url if isinstance(source_url, ShardRange) else None
             url = str(source_url)
             try:
-                for entry in iter_tar(
+                for part, source, base in iter_tar_parts(
                     stream,
                     url,
                     chunk_size=self.chunk_size,
                     require_end=span is None,
                     start_offset=span.offset if span is not None else 0,
                 ):
-                    yield url, entry
+                    yield url, part, source, base
             except (ShardFormatError, ShardReadError) as exc:
                 # A corrupt archive, or a read that failed past the opener's retries (a
                 # network error mid-shard): the handler decides for both, as DESIGN.md says.

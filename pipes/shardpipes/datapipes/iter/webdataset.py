@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import operator
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import repeat
 from typing import IO, Any
 
 from shardpipes.datapipes.iter.base import StageIterDataPipe, register
@@ -11,10 +13,10 @@ from shardpipes.datapipes.iter.tar import TarArchiveLoaderIterDataPipe
 from shardpipes.errors import SampleFormatError, SkippedInputWarning
 from shardpipes.formats.samples import duplicate_field, key_again, no_extension, split_key
 from shardpipes.formats.stream import StreamBytes
-from shardpipes.formats.tarparse import TarEntry
+from shardpipes.formats.tarparse import Span, TarEntry, entries_of
 from shardpipes.handlers import HandlerLike, SkipStats, resolve_handler
 
-__all__ = ["Sample", "WebDatasetIterDataPipe", "pathsplit"]
+__all__ = ["Deferred", "Sample", "WebDatasetIterDataPipe", "materialize", "pathsplit"]
 
 Sample = dict[str, Any]
 
@@ -45,8 +47,7 @@ class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
     ...}``, one entry per member (the values are
     :class:`~shardpipes.formats.stream.StreamBytes`: in-memory files, as torchdata 0.9's
     streams were, that also answer like ``bytes``), keyed by the member's extension
-    (everything after the first
-    dot of its basename). Samples never straddle two shards. Members of one sample must be
+    (everything after the first dot of its basename). Samples never straddle two shards. Members of one sample must be
     adjacent in the archive, as the WebDataset format requires; a key that comes back later in
     the same shard is an error rather than a silently split sample.
 
@@ -75,8 +76,6 @@ class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
         >>> [(s["__key__"], sorted(k for k in s if not k.startswith("__"))) for s in dp]
         [('a', ['.cls', '.txt']), ('b', ['.cls'])]
     """
-
-    range_to_samples = ("members", "samples")
 
     def __init__(
         self,
@@ -137,62 +136,39 @@ class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
             yield url, TarEntry(name, data, offset, offset)
 
     def __iter__(self) -> Iterator[Sample]:
-        policy = self.handler
-        required = self.required
-        sample: Sample | None = None
-        key: str | None = None
-        url: str | None = None
-        last_offset = -1
-        seen: set[str] = set()
-        # A replaced ``pathsplit`` (0.9's hook, looked up now, as 0.9 looked it up) splits keys.
-        split = split_key if pathsplit is _PATHSPLIT else pathsplit
-        for member_url, entry in self._entries():
-            name = entry.name
-            if member_url != url or entry.offset <= last_offset:  # a new shard begins
-                if sample is not None:
-                    out = self._finish(sample, required, policy)
-                    if out is _STOP:
-                        return
-                    if out is not None:
-                        yield out
-                sample, key, url = None, None, member_url
-                seen = set()
-            last_offset = entry.offset
-            member_key, ext = split(name)
-            try:
-                if not ext:
-                    raise no_extension(member_url, name)
-                if member_key != key:
-                    if sample is not None:
-                        out = self._finish(sample, required, policy)
-                        if out is _STOP:
-                            return
-                        if out is not None:
-                            yield out
-                        sample = None
-                    if member_key in seen:
-                        # The rest of this key's run is dropped with it (one skip, not one
-                        # per member): sample stays None while key matches.
-                        key = member_key
-                        raise key_again(member_url, member_key, f"member {name!r}")
-                    seen.add(member_key)
-                    key = member_key
-                    sample = {"__key__": member_key, "__url__": member_url}
-                    if not member_url:
-                        del sample["__url__"]  # a foreign source: 0.9's samples had none
-                elif sample is None:
-                    continue  # the rest of a sample that was already skipped
-                if ext in sample:
-                    bad, sample = sample, None
-                    raise duplicate_field(member_url, bad["__key__"], ext)
-                sample[ext] = entry.data
-            except SampleFormatError as exc:
-                if not policy(exc, member_url, self.skipped):
+        return self._samples(deferred=False)
+
+    def deferred(self) -> Iterator[Sample | Deferred]:
+        """The samples of ``__iter__``, some of them as :data:`Deferred` (:func:`materialize` makes them).
+
+        For a stage that holds samples a while before it hands them on (the sample shuffle):
+        a deferred sample is a tuple of strings, ints and one ``bytes`` window of the shard,
+        which the garbage collector never tracks and which holds no copy of its own. Only
+        runs of small samples are deferred; the rest are dicts as ``__iter__`` yields them.
+        """
+        return self._samples(deferred=True)
+
+    def _samples(self, deferred: bool) -> Iterator[Any]:
+        group = _Grouping(self, deferred)
+        step = group.step
+        src = self.source_datapipe
+        if isinstance(src, TarArchiveLoaderIterDataPipe) and group.split is split_key:
+            # Fused path: members straight from the tar parser, in parts; runs of whole samples
+            # of one shape are grouped in bulk, anything else member by member.
+            for member_url, part, source, base in src.member_parts():
+                yield from group.take(member_url, part, source, base)
+                if group.stopped:
                     return
-        if sample is not None:
-            out = self._finish(sample, required, policy)
-            if out is not None and out is not _STOP:
-                yield out
+        else:
+            for member_url, entry in self._entries():
+                out = step(member_url, entry)
+                if out is not None:
+                    yield out
+                if group.stopped:
+                    return
+        out = group.end()
+        if out is not None and out is not _STOP:
+            yield out
 
     def _finish(self, sample: Sample, required: tuple[str, ...], policy: Any) -> Sample | None:
         """Return the sample, ``None`` to skip it, or ``_STOP`` when the policy stops."""
@@ -211,6 +187,225 @@ class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
         if policy.raises:
             raise exc
         return None if policy(exc, url, self.skipped) else _STOP
+
+
+class _Grouping:
+    """The state of grouping one iteration's members into samples.
+
+    :meth:`step` takes one member (the rule, member by member); :meth:`take` a list of one
+    shard's members, of which it groups the runs of whole, well-formed samples of one shape
+    in bulk and hands the rest to :meth:`step`. Both give the same samples, in the same
+    order, with the same errors (``tests/test_fast_path.py`` checks it on random archives).
+    """
+
+    def __init__(self, stage: WebDatasetIterDataPipe, deferred: bool = False) -> None:
+        self.stage = stage
+        self.deferred = deferred
+        self.policy = stage.handler
+        self.required = stage.required
+        self.sample: Sample | None = None
+        self.key: str | None = None
+        self.url: str | None = None
+        self.last_offset = -1
+        self.seen: set[str] = set()
+        self.stopped = False  # the policy ended the iteration
+        # A replaced ``pathsplit`` (0.9's hook, looked up now, as 0.9 looked it up) splits keys;
+        # the bulk grouping assumes split_key, so it runs only without a replacement.
+        self.split = split_key if pathsplit is _PATHSPLIT else pathsplit
+
+    def step(self, member_url: str, entry: TarEntry) -> Sample | None:
+        """Take one member: return the sample it finished, if any (then see ``stopped``)."""
+        out = None
+        name = entry.name
+        if member_url != self.url or entry.offset <= self.last_offset:  # a new shard begins
+            if self.sample is not None:
+                out = self.stage._finish(self.sample, self.required, self.policy)
+                if out is _STOP:
+                    self.stopped = True
+                    return None
+            self.sample, self.key, self.url = None, None, member_url
+            self.seen = set()
+        self.last_offset = entry.offset
+        member_key, ext = self.split(name)
+        try:
+            if not ext:
+                raise no_extension(member_url, name)
+            if member_key != self.key:
+                if self.sample is not None:
+                    out = self.stage._finish(self.sample, self.required, self.policy)
+                    if out is _STOP:
+                        self.stopped = True
+                        return None
+                    self.sample = None
+                if member_key in self.seen:
+                    # The rest of this key's run is dropped with it (one skip, not one per
+                    # member): sample stays None while key matches.
+                    self.key = member_key
+                    raise key_again(member_url, member_key, f"member {name!r}")
+                self.seen.add(member_key)
+                self.key = member_key
+                self.sample = {"__key__": member_key, "__url__": member_url}
+                if not member_url:
+                    del self.sample["__url__"]  # a foreign source: 0.9's samples had none
+            elif self.sample is None:
+                return out  # the rest of a sample that was already skipped
+            if ext in self.sample:
+                bad, self.sample = self.sample, None
+                raise duplicate_field(member_url, bad["__key__"], ext)
+            self.sample[ext] = entry.data
+        except SampleFormatError as exc:
+            if not self.policy(exc, member_url, self.stage.skipped):
+                self.stopped = True
+        return out
+
+    def end(self) -> Any:
+        """The last sample of the iteration (or ``None``, or ``_STOP``)."""
+        if self.sample is None:
+            return None
+        return self.stage._finish(self.sample, self.required, self.policy)
+
+    def take(
+        self, member_url: str, part: list[Span], source: memoryview, base: int
+    ) -> Iterator[Any]:
+        """Take a part of one shard's members (``iter_tar_parts``): yield samples, until ``stopped``."""
+        n = len(part)
+        step = self.step
+        # Head: the first member (it may begin a new shard) and the rest of its sample.
+        i = 0
+        while i < n:
+            out = step(member_url, entries_of(part[i : i + 1], source, base)[0])
+            i += 1
+            if out is not None:
+                yield out
+            if self.stopped:
+                return
+            if i < n and split_key(part[i][0])[0] != self.key:
+                break
+        # Tail: the last key's members, which may go on in the next part.
+        t = n - 1
+        if t > i:
+            last = split_key(part[t][0])[0]
+            while t > i and split_key(part[t - 1][0])[0] == last:
+                t -= 1
+        bulk = self._bulk(member_url, part, i, t, source, base) if t > i else None
+        if bulk is not None:
+            yield from bulk
+            if self.stopped:
+                return
+            i = t
+        if i < n:
+            for entry in entries_of(part[i:], source, base):
+                out = step(member_url, entry)
+                if out is not None:
+                    yield out
+                if self.stopped:
+                    return
+
+    def _bulk(
+        self, member_url: str, part: list[Span], i: int, t: int, source: memoryview, base: int
+    ) -> list[Any] | None:
+        """Samples of ``part[i:t]`` when they are whole samples of one shape, else ``None``.
+
+        ``None`` also for anything :meth:`step` would report (no extension, a key again, a
+        repeated extension, a missing required field): the caller then steps through them.
+        """
+        if not member_url or part[i][1] <= self.last_offset:
+            return None
+        spans = part[i:t]
+        names = [x[0] for x in spans]
+        first = split_key(names[0])[0]
+        m = 1
+        while m < len(names) and split_key(names[m])[0] == first:
+            m += 1
+        shape = tuple(split_key(name)[1] for name in names[:m])
+        count = len(names) // m
+        if (
+            count * m != len(names)
+            or "" in shape
+            or len(set(shape)) != m
+            or any(e not in shape for e in self.required)
+        ):
+            return None
+        # Every member is key + extension of its place in the shape, and no key has a dot in
+        # its last path component (so that split_key() cuts each name there too).
+        cut = len(shape[0])
+        keys = [name[:-cut] for name in names[::m]]
+        if "." in "".join(keys) and any(k.rfind(".") > k.rfind("/") for k in keys):
+            return None
+        if [k + e for k in keys for e in shape] != names:
+            return None
+        if len(set(keys)) != count or not self.seen.isdisjoint(keys) or self.key in keys:
+            return None
+        out: list[Any] = []
+        if self.sample is not None:  # the head's sample ends here
+            done = self.stage._finish(self.sample, self.required, self.policy)
+            self.sample = None
+            if done is _STOP:
+                self.stopped = True
+                return []
+            if done is not None:
+                out.append(done)
+        self.seen.update(keys)
+        self.key = keys[-1]
+        self.last_offset = spans[-1][1]
+        lo = spans[0][2]
+        hi = spans[-1][2] + spans[-1][3]
+        if self.deferred and hi - lo <= _DEFER_BYTES * count:
+            # Each sample's bytes copied once, into one bytes object of its own: a shared
+            # window would stay alive until the last of its samples left the shuffle buffer.
+            at = [x[2] for x in spans]
+            ends = [x[2] + x[3] for x in spans]
+            firsts = at[::m]
+            windows = list(
+                map(bytes, map(source.__getitem__, map(slice, firsts, ends[m - 1 :: m])))
+            )
+            bounds = []
+            for r in range(m):
+                bounds.append(list(map(operator.sub, at[r::m], firsts)))
+                bounds.append(list(map(operator.sub, ends[r::m], firsts)))
+            out.extend(zip(keys, repeat(member_url), repeat(shape), windows, *bounds))
+            return out
+        data = [e[1] for e in entries_of(spans, source, base)]
+        columns = [data[r::m] for r in range(m)]
+        if m == 3:  # the usual shape (e.g. .cls, .json, .jpg): one dict display per sample
+            a, b, c = shape
+            out.extend(
+                {"__key__": k, "__url__": member_url, a: x, b: y, c: z}
+                for k, x, y, z in zip(keys, *columns, strict=True)
+            )
+        else:
+            fields = ("__key__", "__url__", *shape)
+            rows = zip(keys, repeat(member_url), *columns)
+            out.extend(map(dict, map(zip, repeat(fields), rows)))
+        return out
+
+
+# Samples larger than this (on average over a run) are never deferred: a copy of the run
+# would cost more than the garbage collector's visits to their dicts.
+_DEFER_BYTES = 64 << 10
+
+# A sample deferred by ``WebDatasetIterDataPipe.deferred()``: (key, url, extensions, window,
+# start and end of each field's bytes in the window).
+Deferred = tuple[Any, ...]
+
+
+def materialize(deferred: Deferred) -> Sample:
+    """The sample dict of a deferred sample (the same dict ``__iter__`` would have yielded)."""
+    key, url, shape, window = deferred[:4]
+    if len(shape) == 3:
+        a, b, c = shape
+        _, _, _, _, a0, b0, a1, b1, a2, b2 = deferred
+        return {
+            "__key__": key,
+            "__url__": url,
+            a: StreamBytes(window[a0:b0]),
+            b: StreamBytes(window[a1:b1]),
+            c: StreamBytes(window[a2:b2]),
+        }
+    sample: Sample = {"__key__": key, "__url__": url}
+    for r, ext in enumerate(shape):
+        sample[ext] = StreamBytes(window[deferred[4 + 2 * r] : deferred[5 + 2 * r]])
+    return sample
 
 
 _STOP: Any = object()

@@ -11,8 +11,8 @@ from shardpipes.datapipes.td09.tfrecord import (
     TFRecordExample,
     TFRecordExampleSpec,
     TFRecordFeatureSpec,
-    _records,
 )
+from shardpipes.formats.tfrecord import iter_records
 
 TFRecordBinaryData = str | list[str] | list[list[str]] | list[list[list[Any]]]
 TFRecordExampleFeature = torch.Tensor | list[torch.Tensor] | TFRecordBinaryData
@@ -21,7 +21,7 @@ U = bytes | bytearray | str
 
 def iterate_tfrecord_file(data: IO[bytes]) -> Iterator[memoryview]:
     """The records of a TFRecord stream, each as a ``memoryview`` (0.9's helper)."""
-    return _records(data)
+    return iter_records(data)
 
 
 def parse_tfrecord_sequence_example(example: Any, spec: Any) -> Any:

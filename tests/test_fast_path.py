@@ -1,0 +1,219 @@
+"""The fast path for small samples gives exactly what the general path gives.
+
+Three fast parts, each against the code it stands in for, on random archives (good ones, and
+ones with every anomaly the general path reports):
+
+- the bulk tar scanner (``formats/tarblocks.py``) against the member-by-member one
+  (``formats/tarheaders.py``): the same members, positions, carry and errors;
+- ``webdataset()`` fused to ``load_from_tar()`` (runs of whole samples grouped in bulk)
+  against the same stage over a source it cannot fuse with (member by member): the same
+  samples in the same order, the same skips, the same errors;
+- the lean shuffle holding deferred samples against the same shuffle over the samples
+  themselves: the same order.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from _hyp import budget
+from _tars import tar_bytes, write_bytes
+from shardpipes.datapipes.iter import IterableWrapper
+from shardpipes.datapipes.iter._lean import LeanShufflerIterDataPipe
+from shardpipes.errors import ShardpipesError
+from shardpipes.formats import tarblocks, tarheaders
+from shardpipes.plan.seeds import buffered_shuffle
+
+pytestmark = pytest.mark.filterwarnings("ignore::shardpipes.errors.SkippedInputWarning")
+
+FORMATS = st.sampled_from([tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+KEYS = st.sampled_from(["a", "b", "c", "d/e", "a.b/f", "g/h", "x" * 120, "ü", "k"])
+EXTS = st.sampled_from([".cls", ".json", ".txt", ".seg.png", "", ".cls"])
+PAYLOADS = st.one_of(st.binary(max_size=700), st.sampled_from([b"", b"1", b"x" * 513]))
+
+
+def _same(item):  # module level: the graph pickles
+    return item
+
+
+def _outcome(fn):
+    try:
+        return ("ok", fn())
+    except ShardpipesError as exc:
+        return ("error", type(exc).__name__, str(exc).split("\n")[0])  # torch may add a note
+
+
+def _mutate(raw: bytearray, data) -> bytes:
+    action = data.draw(st.sampled_from(["none", "none", "flip", "truncate", "name", "size"]))
+    if raw and action == "flip":
+        i = data.draw(st.integers(0, len(raw) - 1))
+        raw[i] ^= data.draw(st.integers(1, 255))
+    elif action == "truncate":
+        del raw[data.draw(st.integers(0, len(raw))) :]
+    elif len(raw) >= 512 and action in ("name", "size"):
+        block = data.draw(st.integers(0, len(raw) // 512 - 1)) * 512
+        if action == "name":  # a NUL inside a name, bytes after it
+            raw[block + 3 : block + 6] = b"\0zz"
+        else:
+            raw[block + 124 : block + 136] = data.draw(
+                st.sampled_from([b"0000000001 \0", b" 0000000001\0", b"\x80" + b"\0" * 11])
+            )
+    return bytes(raw)
+
+
+def _scan_all(scan, buf: bytes, stop_step: int, base: int):
+    """Scan ``buf`` as the stream reader does (windows of ``stop_step``): every result."""
+    out = []
+    pos = 0
+    carry = [None, tarheaders.NO_PAX, None]
+    while pos < len(buf):
+        entries, pos, end, need = scan(buf, pos, pos + stop_step, base, "mem://x.tar", carry)
+        out.append((entries, pos, end, need, list(carry)))
+        if end or not entries and need > len(buf) - pos:
+            break
+    return out
+
+
+def _bulk(buf, pos, stop, base, url, carry):
+    return tarblocks.scan(buf, pos, stop, base, url, carry, min_blocks=0, min_headers=0)
+
+
+@settings(max_examples=budget(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.tuples(st.tuples(KEYS, EXTS), PAYLOADS), min_size=0, max_size=30),
+    FORMATS,
+    st.sampled_from([512, 1024, 4096, 1 << 20]),
+    st.integers(0, 3),
+    st.data(),
+)
+def test_bulk_scanner_matches_the_general_one(members, fmt, stop_step, base_blocks, data):
+    named = [(key + ext, payload) for (key, ext), payload in members]
+    raw = _mutate(bytearray(_build(named, fmt)), data)
+    base = base_blocks * 512
+    general = _outcome(lambda: _scan_all(tarheaders.scan, raw, stop_step, base))
+    bulk = _outcome(lambda: _scan_all(_bulk, raw, stop_step, base))
+    assert bulk == general
+
+
+def _build(members, fmt) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as t:
+        for name, payload in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            try:
+                t.addfile(info, io.BytesIO(payload))
+            except ValueError:  # a name this format cannot hold
+                continue
+    return buf.getvalue()
+
+
+# Shards of many small samples, with anomalies here and there: what bulk grouping must hand to
+# the member-by-member rule, unchanged.
+SAMPLE = st.tuples(
+    st.sampled_from(["s", "t/u", "v.w/x", "y"]),  # key stem (numbered below)
+    st.sampled_from(
+        [
+            (".cls", ".json", ".bin"),
+            (".cls", ".json", ".bin"),
+            (".cls", ".json", ".bin"),
+            (".cls", ".txt"),
+            (".cls", ".cls"),  # a repeated extension
+            (".cls", ""),  # a member without one
+            (".a.b",),
+        ]
+    ),
+    st.booleans(),  # a key that comes back later (not adjacent)
+)
+
+
+def _shard(samples, payload: bytes) -> list[tuple[str, bytes]]:
+    members = []
+    for n, (stem, exts, again) in enumerate(samples):
+        key = (
+            f"{stem}{n // 2 if again and n % 2 else n}"  # odd ones may reuse their neighbour's key
+        )
+        members += [(key + ext, payload + bytes([n % 256])) for ext in exts]
+    return members
+
+
+@settings(max_examples=budget(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(SAMPLE, min_size=1, max_size=120),
+    st.sampled_from([b"", b"p" * 40, b"q" * 700]),
+    st.sampled_from(["raise", "skip", "stop"]),
+    st.sampled_from([(), (".cls",), (".json",)]),
+    st.sampled_from([8192, 1 << 20]),
+    st.booleans(),
+    st.data(),
+)
+def test_fused_grouping_matches_member_by_member(
+    tmp_path_factory, samples, payload, handler, required, chunk_size, mapped, data
+):
+    raw = _mutate(bytearray(tar_bytes(_shard(samples, payload), tarfile.USTAR_FORMAT)), data)
+    path = write_bytes(tmp_path_factory.mktemp("s") / "s.tar", raw)
+    later = write_bytes(tmp_path_factory.mktemp("t") / "t.tar", tar_bytes(_shard(samples, b"")))
+
+    def source():
+        if mapped:  # local files: the memory-mapped reader
+            return IterableWrapper([path, later]).open_files_by_fsspec(mode="rb")
+        return IterableWrapper(  # streams: the chunked reader
+            [(path, io.BytesIO(raw)), (later, io.BytesIO(open(later, "rb").read()))]
+        )
+
+    def run(fused: bool):
+        tars = source().load_from_tar(chunk_size=chunk_size)
+        if not fused:
+            tars = tars.map(_same)  # webdataset() cannot fuse through map(): member by member
+        dp = tars.webdataset(required=required, handler=handler)
+        got = _outcome(lambda: [dict(s) for s in dp])
+        return got, dp.skipped.samples, dp.skipped.shards
+
+    assert run(fused=True) == run(fused=False)
+
+
+@settings(max_examples=budget(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(SAMPLE, min_size=1, max_size=300),
+    st.sampled_from([1, 7, 100, 1000]),
+    st.integers(0, 2**32),
+)
+def test_deferred_shuffle_matches_the_shuffle_of_the_samples(
+    tmp_path_factory, samples, buffer_size, seed
+):
+    members = _shard(samples, b"z" * 100)
+    path = write_bytes(tmp_path_factory.mktemp("s") / "s.tar", tar_bytes(members))
+
+    def wds():
+        tars = IterableWrapper([path, path]).open_files_by_fsspec(mode="rb").load_from_tar()
+        return tars.webdataset(handler="skip")
+
+    fast = LeanShufflerIterDataPipe(wds(), buffer_size, True, seed)
+    want = list(buffered_shuffle(list(wds()), seed, buffer_size))
+    got = list(fast)
+    assert [type(s) for s in got] == [dict] * len(want)
+    assert got == want
+    assert [list(s) for s in got] == [list(s) for s in want]  # field order too
+
+
+def test_a_large_shard_takes_the_bulk_paths(tmp_path):
+    """The shapes the benchmark reads: bulk scan, bulk grouping and deferred samples all run."""
+    members = [
+        (f"{i:06d}{ext}", b"%d" % i) for i in range(3000) for ext in (".cls", ".json", ".bin")
+    ]
+    path = write_bytes(tmp_path / "s.tar", tar_bytes(members, tarfile.USTAR_FORMAT))
+    tars = IterableWrapper([path]).open_files_by_fsspec(mode="rb").load_from_tar()
+    wds = tars.webdataset()
+    deferred = list(wds.deferred())
+    assert sum(type(s) is tuple for s in deferred) > 2900  # all but the heads and tails of parts
+    assert [tarblocks.scan.__module__] == ["shardpipes.formats.tarblocks"]
+    samples = list(wds)
+    assert [s["__key__"] for s in samples] == [f"{i:06d}" for i in range(3000)]
+    assert all(
+        s[".bin"] == b"%d" % i and s[".bin"].read() == b"%d" % i for i, s in enumerate(samples)
+    )
