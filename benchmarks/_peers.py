@@ -88,6 +88,44 @@ def td09_decode_member(item: tuple[str, Any]) -> tuple[str, Any]:
     return path, data
 
 
+def mosaic_base() -> Any:
+    """MosaicML streaming's ``streaming.base`` (MDSWriter, StreamingDataset), without torchvision.
+
+    ``import streaming`` runs the package's ``__init__``, which re-exports ``streaming.vision``,
+    which imports torchvision at import time. torchvision cannot load beside torch 2.13's CPU
+    wheel here (the index's wheel links ``libtorch_cuda``: ``operator torchvision::nms does not
+    exist`` on import), so the peers' venv does not keep it (``_venv.py``), and this loads the
+    installed ``streaming`` package without running its ``__init__``: the package module is
+    created from its real spec and ``streaming.base`` imported beneath it. Nothing is stubbed
+    or replaced; the MDS reader and writer never touch torchvision (only ``streaming.vision``
+    does), so what runs is Mosaic's own code, as with a working torchvision.
+    """
+    import importlib
+    import importlib.util
+    import types
+
+    if "streaming" not in sys.modules:
+        spec = importlib.util.find_spec("streaming")
+        if spec is None or spec.submodule_search_locations is None:
+            raise ImportError("mosaicml-streaming is not installed")
+        pkg = types.ModuleType("streaming")
+        pkg.__spec__ = spec
+        pkg.__path__ = list(spec.submodule_search_locations)
+        pkg.__file__ = spec.origin
+        sys.modules["streaming"] = pkg
+    return importlib.import_module("streaming.base")
+
+
+def jpeg_item(sample: dict) -> dict:
+    import _work
+
+    return _work.jpeg_item(sample)
+
+
+def _jpeg(m: dict) -> bool:
+    return m["preset"].get("kind") == "jpeg"
+
+
 # --- peers ------------------------------------------------------------------------------------
 
 
@@ -100,12 +138,18 @@ def shardpipes(m: dict, workers: int, cfg: dict) -> Made:
         .open_files_by_fsspec(mode="rb")
         .load_from_tar()
         .webdataset()
-        .decode()
+        .decode(image=None)
         .shuffle(buffer_size=cfg["shuffle"])
-        .batch(cfg["batch"])
     )
+    if _jpeg(m):
+        dp = dp.map(jpeg_item)  # after the shuffle: the buffer holds encoded images
+    dp = dp.batch(cfg["batch"])
     if workers == 0:
         return dp, _nothing, "graph iterated directly"
+    return _shardpipes_loader(dp, workers)
+
+
+def _shardpipes_loader(dp: Any, workers: int) -> Made:
     try:
         from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService
     except ImportError as exc:
@@ -152,8 +196,10 @@ def torchdata09(m: dict, workers: int, cfg: dict) -> Made:
         .map(td09_decode_member)
         .webdataset()
         .shuffle(buffer_size=cfg["shuffle"])
-        .batch(cfg["batch"])
     )
+    if _jpeg(m):
+        dp = dp.map(jpeg_item)
+    dp = dp.batch(cfg["batch"])
     if workers == 0:
         return dp, _nothing, "graph iterated directly"
     from torchdata.dataloader2 import DataLoader2, MultiProcessingReadingService
@@ -197,12 +243,10 @@ def webdataset(m: dict, workers: int, cfg: dict) -> Made:
 
         # the package's `gopen` attribute is the function; the table lives in the module
         importlib.import_module("webdataset.gopen").gopen_schemes["s3"] = wds_gopen_fsspec
-    ds = (
-        wds.WebDataset(m["paths"], shardshuffle=False)
-        .decode()
-        .shuffle(cfg["shuffle"])
-        .batched(cfg["batch"], collation_fn=None)
-    )
+    ds = wds.WebDataset(m["paths"], shardshuffle=False).decode().shuffle(cfg["shuffle"])
+    if _jpeg(m):
+        ds = ds.map(jpeg_item)
+    ds = ds.batched(cfg["batch"], collation_fn=None)
     if workers == 0:
         return ds, _nothing, "WebDataset iterated directly"
     loader = wds.WebLoader(ds, batch_size=None, num_workers=workers)
@@ -217,7 +261,7 @@ def wids(m: dict, workers: int, cfg: dict) -> Made:
         m["wids_descriptor"],
         localname=same_path,  # read the shards where they are (no copy into a cache dir)
         lru_size=len(m["paths"]),
-        transformations=[wids_decode],
+        transformations=[wids_decode, jpeg_item] if _jpeg(m) else [wids_decode],
     )
     sampler = wids_.ChunkedSampler(ds, chunksize=cfg["shuffle"], shuffle=True, seed=0)
     dl = DataLoader(
@@ -271,7 +315,17 @@ PEERS: dict[str, Callable[[dict, int, dict], Made]] = {
     "webdataset": webdataset,
     "wids": wids,
     "tarfile": tarfile,
+    "litdata": lambda m, w, c: _native("litdata", m, w, c),
+    "mosaic": lambda m, w, c: _native("mosaic", m, w, c),
+    "energon": lambda m, w, c: _native("energon", m, w, c),
+    "dali": lambda m, w, c: _native("dali", m, w, c),
 }
+
+
+def _native(peer: str, m: dict, workers: int, cfg: dict) -> Made:
+    import _peers_native  # the peers' venv only: it imports Energon at module level
+
+    return _peers_native.PEERS[peer](m, workers, cfg)
 
 
 # Imported by the runner before the clock starts, so import time is never measured.
@@ -293,6 +347,10 @@ PRELOAD: dict[str, list[str]] = {
     "webdataset": ["torch", "webdataset"],
     "wids": ["torch", "wids", "wids.wids_decode"],
     "tarfile": ["tarfile"],
+    "litdata": ["torch", "litdata", "_peers_native"],
+    "mosaic": ["torch", "_peers_native"],
+    "energon": ["torch", "megatron.energon", "_peers_native"],
+    "dali": ["nvidia.dali", "nvidia.dali.fn", "_peers_native"],
     "cat": [],
     "s3cat": ["s3fs"],
 }
@@ -306,6 +364,8 @@ def preload(peer: str) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torchdata 0.9's deprecation banner
             try:
+                if peer == "mosaic" and name == "_peers_native":
+                    mosaic_base()
                 importlib.import_module(name)
             except ImportError:
                 if peer == "shardpipes" and name == "shardpipes.dataloader2":
@@ -324,6 +384,10 @@ def library_versions(peer: str) -> dict[str, str]:
         "webdataset": ["webdataset", "torch"],
         "wids": ["wids", "torch"],
         "tarfile": [],
+        "litdata": ["litdata", "torch"],
+        "mosaic": ["mosaicml-streaming", "torch"],
+        "energon": ["megatron-energon", "torch"],
+        "dali": ["nvidia-dali-cuda120"],
         "cat": [],
         "s3cat": ["s3fs", "fsspec"],
     }[peer]

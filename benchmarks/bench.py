@@ -45,12 +45,18 @@ ALL_PEERS = [
     "wids",
     "torchdata09",
     "torchdata09_dl",
+    "litdata",
+    "mosaic",
+    "energon",
+    "dali",
     "shardpipes",
     "shardpipes_dl2",
 ]
 IN_PROCESS_ONLY = {"cat", "s3cat", "tarfile", "shardpipes_dl2"}
 WORKERS_ONLY = {"torchdata09_dl"}
-IN_PEERS_VENV = {"webdataset", "wids", "torchdata09", "torchdata09_dl"}
+# Peers that read their own format: written once per preset by their own writer (_native.py).
+NATIVE = {"litdata", "mosaic", "energon", "dali"}
+IN_PEERS_VENV = {"webdataset", "wids", "torchdata09", "torchdata09_dl", *NATIVE}
 
 
 def log(*args: object) -> None:
@@ -115,6 +121,34 @@ def source_digest() -> str:
                 with open(path, "rb") as f:
                     h.update(f.read())
     return h.hexdigest()[:12]
+
+
+def ensure_native(m: dict, peer: str, python: str) -> tuple[dict | None, str]:
+    """Write ``m``'s samples in ``peer``'s own format with its own writer, once (cached)."""
+    out = os.path.join(m["directory"], "native", peer)
+    done = os.path.join(out, "native.json")
+    if os.path.exists(done):
+        with open(done) as f:
+            return json.load(f), ""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(m, f)
+    t0 = time.perf_counter()
+    try:
+        cmd = [python, os.path.join(HERE, "_native.py"), f"--manifest={f.name}"]
+        p = subprocess.run(
+            [*cmd, f"--format={peer}", f"--out={out}"],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, PYTHONWARNINGS="ignore"),
+        )
+    finally:
+        os.unlink(f.name)
+    for line in p.stdout.splitlines():
+        if line.startswith("NATIVE "):
+            log(f"wrote {m['preset']['name']} as {peer} in {time.perf_counter() - t0:.1f} s -> {out}")
+            return json.loads(line[len("NATIVE ") :]), ""
+    tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
+    return None, f"its writer failed (exit {p.returncode}): {tail}"
 
 
 def warm(paths: list[str]) -> None:
@@ -315,10 +349,19 @@ def main(argv: list[str] | None = None) -> int:
     manifests = {}
     for name in args.presets:
         m = manifests[name] = _data.ensure_dataset(_data.PRESETS[name], args.cache_dir, log)
+        missing = dict(unavailable)
+        m["native"] = {}
+        for peer in [p for p in peers if p in NATIVE]:
+            native, why = ensure_native(m, peer, pythons[peer])
+            if native is None:
+                missing[peer] = why
+            else:
+                m["native"][peer] = native
+        here = [p for p in peers if p not in missing]
         warm(m["paths"])
-        results = all_results[name] = measure(name, m, configs_for(peers, args), pythons, args)
+        results = all_results[name] = measure(name, m, configs_for(here, args), pythons, args)
         rows = _report.summarise(results)
-        report(name, m, rows, args, unavailable, "cat")
+        report(name, m, rows, args, missing, "cat")
         targets = _report.targets(name, rows, args.workers)
         print("\nTargets:\n" + "\n".join(f"- {x}" for x in targets))
         status |= _failed(rows)
