@@ -55,16 +55,19 @@ def litdata(m: dict, workers: int, cfg: dict) -> Made:
     dl = ld.StreamingDataLoader(
         ds, batch_size=cfg["batch"], num_workers=workers, collate_fn=collate_items
     )
-    return dl, _nothing, f"litdata StreamingDataLoader(batch_size={cfg['batch']}, num_workers={workers}) over StreamingDataset(shuffle=True)"
+    return (
+        dl,
+        _nothing,
+        f"litdata StreamingDataLoader(batch_size={cfg['batch']}, num_workers={workers}) over StreamingDataset(shuffle=True)",
+    )
 
 
 # --- MosaicML streaming -----------------------------------------------------------------------
 
 
 def mosaic(m: dict, workers: int, cfg: dict) -> Made:
-    from torch.utils.data import DataLoader
-
     import _peers
+    from torch.utils.data import DataLoader
 
     global _ITEM
     _ITEM = item_fn(m)
@@ -175,9 +178,7 @@ def dali(m: dict, workers: int, cfg: dict) -> Made:
     jpeg = m["preset"].get("kind") == "jpeg"
     fields = ["jpg", "cls"] if jpeg else nat["fields"]
 
-    @pipeline_def(
-        batch_size=cfg["batch"], num_threads=max(1, workers), device_id=None, seed=0
-    )
+    @pipeline_def(batch_size=cfg["batch"], num_threads=max(1, workers), device_id=None, seed=0)
     def pipe():  # type: ignore[no-untyped-def]
         outs = fn.readers.webdataset(
             paths=nat["paths"],
@@ -210,7 +211,11 @@ def dali(m: dict, workers: int, cfg: dict) -> Made:
 
     p = pipe()
     p.build()
-    what = "fused image_random_crop + resize + crop_mirror_normalize" if jpeg else "raw fields + bytes_item"
+    what = (
+        "fused image_random_crop + resize + crop_mirror_normalize"
+        if jpeg
+        else "raw fields + bytes_item"
+    )
     return (
         _DaliEpoch(p, m["samples"], cfg["batch"], fields, jpeg),
         _nothing,

@@ -145,7 +145,9 @@ def ensure_native(m: dict, peer: str, python: str) -> tuple[dict | None, str]:
         os.unlink(f.name)
     for line in p.stdout.splitlines():
         if line.startswith("NATIVE "):
-            log(f"wrote {m['preset']['name']} as {peer} in {time.perf_counter() - t0:.1f} s -> {out}")
+            log(
+                f"wrote {m['preset']['name']} as {peer} in {time.perf_counter() - t0:.1f} s -> {out}"
+            )
             return json.loads(line[len("NATIVE ") :]), ""
     tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
     return None, f"its writer failed (exit {p.returncode}): {tail}"
