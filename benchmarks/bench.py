@@ -1,6 +1,6 @@
 """shardpipes against webdataset 1.0.2, wids and torchdata 0.9 on the same shards, in one run.
 
-    python benchmarks/bench.py                       # small + large presets, all peers, 3 trials
+    python benchmarks/bench.py                       # small, large, jpeg presets, all peers, 3 trials
     python benchmarks/bench.py --quick               # a few seconds: tiny data, 1 trial
     python benchmarks/bench.py --presets small --peers shardpipes,webdataset --trials 5
     python benchmarks/bench.py --profile             # cProfile of shardpipes in-process, small
@@ -242,7 +242,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = ap.parse_args(argv)
     if args.presets is None:
-        args.presets = "quick" if args.quick else "small,large"
+        args.presets = "quick" if args.quick else "small,large,jpeg"
     if args.trials is None:
         args.trials = 1 if args.quick else 3
     args.presets = [p for p in args.presets.split(",") if p]
@@ -305,10 +305,15 @@ def report(
     title: str, m: dict, rows: dict, args: argparse.Namespace, unavailable: dict, limit: str
 ) -> None:
     p = m["preset"]
+    what = (
+        "photographs 500x375 q90, ImageNet training transform"
+        if p.get("kind") == "jpeg"
+        else f".bin payload {p['payload_bytes']:,} B"
+    )
     print(
         f"\n## {title}: {len(m['paths'])} shards (uneven, {min(m['counts'])}-{max(m['counts'])} "
-        f"samples), {m['samples']:,} samples, {m['bytes'] / 1e6:,.0f} MB, .bin payload "
-        f"{p['payload_bytes']:,} B; medians of {args.trials} run(s)\n"
+        f"samples), {m['samples']:,} samples, {m['bytes'] / 1e6:,.0f} MB, {what}; medians of "
+        f"{args.trials} run(s)\n"
     )
     print(_report.table(rows, [*ALL_PEERS, "s3cat"]))
     for peer, why in unavailable.items():
