@@ -194,3 +194,27 @@ def test_decode_takes_an_image_decoder_by_one_argument():
     handler = fi.ImageDecoder((20, 10), output="numpy")
     assert handler("x.jpg", PHOTOS[1]).shape == (10, 20, 3)  # as a webdataset handler
     assert handler("x.txt", b"hello") is None
+
+
+def test_the_header_walk_takes_plain_colour_jpegs_only():
+    assert fi._jpeg_size(PHOTOS[0]) == (500, 375)
+    assert fi._jpeg_size(PHOTOS[2]) == (333, 251)
+    assert fi._jpeg_size(PHOTOS[4]) is None  # greyscale: Pillow opens it
+    assert fi._jpeg_size(PHOTOS[0][:-100]) is None  # no EOI: the full decode raises
+    cmyk = io.BytesIO()
+    Image.open(io.BytesIO(PHOTOS[2])).convert("CMYK").save(cmyk, "JPEG")
+    assert fi._jpeg_size(cmyk.getvalue()) is None
+    box = (5, 5, 200, 180)
+    got = fi.decode_crop_tensor(cmyk.getvalue(), (64, 64), box)  # through Pillow, still decoded
+    ref = Image.open(io.BytesIO(cmyk.getvalue())).convert("RGB")
+    want = np.asarray(ref.resize((64, 64), Image.Resampling.BILINEAR, box=box)).astype(float)
+    assert ((got.permute(1, 2, 0).numpy() - want) ** 2).mean() < 30
+
+
+def test_fast_tensor_of_a_large_crop_is_dct_scaled_and_close():
+    data = _photo(1200, 900, 8)
+    box = (100, 50, 1100, 850)  # 1000x800 to 224x224: decoded at 1/2 scale (s=2 keeps >= 224)
+    ref = _reference(data, box, (224, 224)).astype(np.float64)
+    got = fi.decode_crop_tensor(data, (224, 224), box).permute(1, 2, 0).numpy()
+    mse = ((got - ref) ** 2).mean()
+    assert mse > 0 and 10 * np.log10(255**2 / mse) > 30

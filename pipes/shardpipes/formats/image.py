@@ -125,12 +125,93 @@ def _decode_rows(img: Any, data: bytes, rows: int) -> Any | None:
     return Image.Image()._new(core)
 
 
-def _open_for_crop(
-    raw: bytes, size: tuple[int, int], box: Box | None, box_fn: Any, exact: bool
-) -> tuple[Any, Box]:
-    """Open ``raw`` and decode the rows the crop needs; the RGB image and the box in its pixels.
+def _decode_rows_array(
+    data: bytes, width: int, height: int, rows: int, args: tuple[Any, ...], config: tuple[int, int]
+) -> Any | None:
+    """:func:`_decode_rows` into a numpy array ``(rows, width, 4)`` (RGB + a pad byte) it owns.
 
-    DCT-scaled when ``exact`` is false and the crop is at least twice the output.
+    ``width``/``height`` are the decoded (DCT-scaled) size, ``args`` and ``config`` the JPEG
+    decoder's (Pillow's tile arguments and ``decoderconfig``). The decoder writes straight
+    into the array's memory (Pillow maps an ``RGBX`` image onto it), so no copy of the pixels
+    is made on the way out of Pillow. The pad byte of the last row's first pixel is 0 before
+    decoding and 255 once the decoder has written that row: how an early stop is told from a
+    failure. ``None`` when anything is not as expected (the caller then decodes whole).
+    """
+    import numpy as np
+    from PIL import Image
+
+    try:
+        arr = np.empty((rows, width, 4), np.uint8)
+        arr[rows - 1, 0, 3] = 0
+        core = Image.frombuffer("RGBX", (width, rows), arr, "raw", "RGBX", 0, 1).im
+        decoder = Image._getdecoder("RGB", "jpeg", args, config)
+        decoder.setimage(core, (0, 0, width, rows))
+        try:
+            consumed, err = decoder.decode(data)
+        finally:
+            decoder.cleanup()
+    except Exception:
+        return None
+    if consumed >= 0 or err not in (0, -2) or (err == -2 and rows == height):
+        return None
+    if arr[rows - 1, 0, 3] != 255:
+        return None
+    return arr
+
+
+_SOF = frozenset((0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF))
+
+
+def _jpeg_size(raw: bytes) -> tuple[int, int] | None:
+    """``(width, height)`` of a complete 3-component JPEG, from its frame header; else ``None``.
+
+    Walks the marker segments up to the frame header (a dozen steps), where ``Image.open``
+    parses every segment in Python: about a tenth of a small image's decode. Anything
+    unusual (no EOI at the end, an Adobe segment, not 3 components, a scan before the frame)
+    answers ``None`` and the caller opens the file with Pillow.
+    """
+    n = len(raw)
+    if raw[:3] != b"\xff\xd8\xff" or raw.rstrip(b"\0\r\n ")[-2:] != b"\xff\xd9":
+        return None
+    i = 2
+    while i + 4 <= n:
+        if raw[i] != 0xFF:
+            return None
+        marker = raw[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:
+            i += 2
+            continue
+        if marker in (0xDA, 0xEE):  # a scan before the frame header; Adobe's colour transform
+            return None
+        if marker in _SOF:
+            if i + 10 > n or raw[i + 9] != 3:
+                return None
+            height, width = (raw[i + 5] << 8) | raw[i + 6], (raw[i + 7] << 8) | raw[i + 8]
+            return (width, height) if width and height else None
+        i += 2 + ((raw[i + 2] << 8) | raw[i + 3])
+    return None
+
+
+def _dct_scale(box: Box, size: tuple[int, int]) -> int:
+    """The largest of 8, 4, 2 at which the crop is still at least the output; else 1."""
+    s = 8
+    while s > 1 and not ((box[2] - box[0]) / s >= size[0] and (box[3] - box[1]) / s >= size[1]):
+        s //= 2
+    return s
+
+
+def _open_box(
+    raw: bytes, size: tuple[int, int], box: Box | None, box_fn: Any, exact: bool
+) -> tuple[Any, Box, int | None]:
+    """Open ``raw`` (header only); the image, the box in its pixels, and the rows to decode.
+
+    DCT-scaled (``draft``) when ``exact`` is false and the crop is at least twice the output.
+    The rows are ``None`` when the file must be decoded whole: not a JPEG, or not complete
+    (no EOI at its end: the full decode then raises as Pillow always does, even when the
+    crop's rows are all there).
     """
     from PIL import Image
 
@@ -141,21 +222,27 @@ def _open_for_crop(
         box = box_fn(width, height)
     if box is None:
         box = (0, 0, width, height)
-    out_w, out_h = size
-    if img.format == "JPEG" and not exact:
-        s = 8
-        while s > 1 and not ((box[2] - box[0]) / s >= out_w and (box[3] - box[1]) / s >= out_h):
-            s //= 2
+    if img.format != "JPEG":
+        return img, box, None
+    out_h = size[1]
+    if not exact:
+        s = _dct_scale(box, size)
         draft_mode = img.mode if img.mode in ("RGB", "L") else "RGB"
         if s > 1 and img.draft(draft_mode, (width // s, height // s)):
             fx, fy = img.size[0] / width, img.size[1] / height
             box = (box[0] * fx, box[1] * fy, box[2] * fx, box[3] * fy)
-            width, height = img.size
-    part = None
-    # Only a complete file (ends with EOI) is cut short: a truncated one takes the full decode,
-    # which raises as Pillow always does, even when the crop's rows are all there.
-    if img.format == "JPEG" and raw.rstrip(b"\0\r\n ")[-2:] == b"\xff\xd9":
-        part = _decode_rows(img, raw, _rows_needed(box, out_h, height))
+            height = img.size[1]
+    if raw.rstrip(b"\0\r\n ")[-2:] != b"\xff\xd9":
+        return img, box, None
+    return img, box, _rows_needed(box, out_h, height)
+
+
+def _open_for_crop(
+    raw: bytes, size: tuple[int, int], box: Box | None, box_fn: Any, exact: bool
+) -> tuple[Any, Box]:
+    """Open ``raw`` and decode the rows the crop needs; the RGB image and the box in its pixels."""
+    img, box, rows = _open_box(raw, size, box, box_fn, exact)
+    part = _decode_rows(img, raw, rows) if rows is not None else None
     if part is None:
         img.load()
         part = img
@@ -225,11 +312,40 @@ def decode_crop_tensor(
     import torch.nn.functional as F
 
     raw = bytes(data) if not isinstance(data, bytes) else data
-    part, box = _open_for_crop(raw, size, box, box_fn, exact=False)
-    left, top = int(box[0]), int(box[1])
-    right, bottom = max(left + 1, int(round(box[2]))), max(top + 1, int(round(box[3])))
-    # only the crop's pixels leave Pillow (np.array: one writable copy of them)
-    hwc = torch.from_numpy(np.array(part.crop((left, top, right, bottom))))
+    arr = None
+    dims = _jpeg_size(raw)
+    if dims is not None:  # a plain colour JPEG: the decoder is driven without Image.open
+        width, height = dims
+        if box_fn is not None:
+            box = box_fn(width, height)
+        if box is None:
+            box = (0, 0, width, height)
+        box_fn = None  # drawn: a fallback below must not draw again
+        s = _dct_scale(box, size)
+        scaled = box
+        if s > 1:  # what Pillow's draft() does: libjpeg's output is ceil(size / s)
+            sw, sh = (width + s - 1) // s, (height + s - 1) // s
+            fx, fy = sw / width, sh / height
+            scaled = (box[0] * fx, box[1] * fy, box[2] * fx, box[3] * fy)
+            width, height = sw, sh
+        rows = _rows_needed(scaled, size[1], height)
+        arr = _decode_rows_array(raw, width, height, rows, ("RGB", ""), (s, 0))
+    if arr is not None:  # decoded into memory of our own: the crop is a view of it
+        left, top = int(scaled[0]), int(scaled[1])
+        right = max(left + 1, int(round(scaled[2])))
+        bottom = max(top + 1, int(round(scaled[3])))
+        hwc = torch.from_numpy(arr)[top:bottom, left:right, :3]
+    else:
+        img, box, cut = _open_box(raw, size, box, box_fn, exact=False)
+        left, top = int(box[0]), int(box[1])
+        right, bottom = max(left + 1, int(round(box[2]))), max(top + 1, int(round(box[3])))
+        part = _decode_rows(img, raw, cut) if cut is not None else None
+        if part is None:
+            img.load()
+            part = img
+        if part.mode != "RGB":
+            part = part.convert("RGB")
+        hwc = torch.from_numpy(np.array(part.crop((left, top, right, bottom))))
     crop = hwc.permute(2, 0, 1).unsqueeze(0)
     out = F.interpolate(
         crop, size=(size[1], size[0]), mode="bilinear", antialias=True, align_corners=False
