@@ -165,6 +165,43 @@ def _shardpipes_loader(dp: Any, workers: int) -> Made:
     return dl2, dl2.shutdown, f"shardpipes DataLoader2 + MultiProcessingReadingService({workers})"
 
 
+def shardpipes_fused(m: dict, workers: int, cfg: dict, threads: int = 0) -> Made:
+    """The jpeg preset with shardpipes' own crop-decode stage instead of the shared transform.
+
+    ``.decode_random_resized_crop(224)`` (``shardpipes.formats.image``): the same ImageNet
+    transform (random resized crop, flip, float tensor, normalise) fused with the decode.
+    """
+    from shardpipes.datapipes.iter import IterableWrapper
+
+    if not _jpeg(m):
+        raise ValueError("shardpipes_fused runs on the jpeg preset only (no images elsewhere)")
+    dp = (
+        IterableWrapper(m["paths"])
+        .sharding_filter()
+        .open_files_by_fsspec(mode="rb")
+        .load_from_tar()
+        .webdataset()
+        .decode(image=None)
+        .shuffle(buffer_size=cfg["shuffle"])
+        .decode_random_resized_crop(224, threads=threads)
+        .batch(cfg["batch"])
+    )
+    if workers == 0:
+        return (
+            dp,
+            _nothing,
+            f"graph iterated directly, decode_random_resized_crop(threads={threads})",
+        )
+    return _shardpipes_loader(dp, workers)
+
+
+def shardpipes_fused_t2(m: dict, workers: int, cfg: dict) -> Made:
+    """``shardpipes_fused`` decoding in 2 threads in-process (Pillow and torch release the GIL)."""
+    if workers:
+        raise ValueError("shardpipes_fused_t2 is an in-process row")
+    return shardpipes_fused(m, 0, cfg, threads=2)
+
+
 def shardpipes_dl2(m: dict, workers: int, cfg: dict) -> Made:
     """The same graph run by ``DataLoader2`` with its default in-process reading service.
 
@@ -310,6 +347,8 @@ def _nothing() -> None:
 PEERS: dict[str, Callable[[dict, int, dict], Made]] = {
     "shardpipes": shardpipes,
     "shardpipes_dl2": shardpipes_dl2,
+    "shardpipes_fused": shardpipes_fused,
+    "shardpipes_fused_t2": shardpipes_fused_t2,
     "torchdata09": torchdata09,
     "torchdata09_dl": torchdata09_dl,
     "webdataset": webdataset,
@@ -343,6 +382,21 @@ PRELOAD: dict[str, list[str]] = {
         "torchdata.dataloader2",
     ],
     "shardpipes_dl2": ["torch", "fsspec.implementations.local", "shardpipes.dataloader2"],
+    "shardpipes_fused": [
+        "torch",
+        "fsspec.implementations.local",
+        "shardpipes.datapipes.iter",
+        "shardpipes.dataloader2",
+        "PIL.JpegImagePlugin",
+        "numpy",
+    ],
+    "shardpipes_fused_t2": [
+        "torch",
+        "fsspec.implementations.local",
+        "shardpipes.datapipes.iter",
+        "PIL.JpegImagePlugin",
+        "numpy",
+    ],
     "torchdata09_dl": ["torch", "fsspec.implementations.local", "torchdata.datapipes.iter"],
     "webdataset": ["torch", "webdataset"],
     "wids": ["torch", "wids", "wids.wids_decode"],
@@ -379,6 +433,8 @@ def library_versions(peer: str) -> dict[str, str]:
     names = {
         "shardpipes": ["shardpipes", "torch", "torchdata"],
         "shardpipes_dl2": ["shardpipes", "torch", "torchdata"],
+        "shardpipes_fused": ["shardpipes", "torch", "torchdata", "pillow"],
+        "shardpipes_fused_t2": ["shardpipes", "torch", "torchdata", "pillow"],
         "torchdata09": ["torchdata", "torch"],
         "torchdata09_dl": ["torchdata", "torch"],
         "webdataset": ["webdataset", "torch"],

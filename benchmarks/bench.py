@@ -51,8 +51,12 @@ ALL_PEERS = [
     "dali",
     "shardpipes",
     "shardpipes_dl2",
+    "shardpipes_fused",
+    "shardpipes_fused_t2",
 ]
-IN_PROCESS_ONLY = {"cat", "s3cat", "tarfile", "shardpipes_dl2"}
+IN_PROCESS_ONLY = {"cat", "s3cat", "tarfile", "shardpipes_dl2", "shardpipes_fused_t2"}
+# shardpipes' crop-decode stage: the same graph as "shardpipes" where there are no images
+JPEG_ONLY = {"shardpipes_fused", "shardpipes_fused_t2"}
 WORKERS_ONLY = {"torchdata09_dl"}
 # Peers that read their own format: written once per preset by their own writer (_native.py).
 NATIVE = {"litdata", "mosaic", "energon", "dali"}
@@ -365,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 m["native"][peer] = native
         here = [p for p in peers if p not in missing]
+        if m["preset"].get("kind") != "jpeg":
+            here = [p for p in here if p not in JPEG_ONLY]
         warm(m["paths"])
         results = all_results[name] = measure(name, m, configs_for(here, args), pythons, args)
         rows = _report.summarise(results)

@@ -334,7 +334,9 @@ def decode_crop_tensor(
         left, top = int(scaled[0]), int(scaled[1])
         right = max(left + 1, int(round(scaled[2])))
         bottom = max(top + 1, int(round(scaled[3])))
-        hwc = torch.from_numpy(arr)[top:bottom, left:right, :3]
+        # all 4 bytes of a pixel (RGB + pad): torch's uint8 antialiased resize has a vectorised
+        # path for 4 channels-last channels, 2-3x faster here than for the 3 of RGB alone
+        hwc = torch.from_numpy(arr)[top:bottom, left:right]
     else:
         img, box, cut = _open_box(raw, size, box, box_fn, exact=False)
         left, top = int(box[0]), int(box[1])
@@ -346,12 +348,13 @@ def decode_crop_tensor(
         if part.mode != "RGB":
             part = part.convert("RGB")
         hwc = torch.from_numpy(np.array(part.crop((left, top, right, bottom))))
-    crop = hwc.permute(2, 0, 1).unsqueeze(0)
+    crop = hwc.permute(2, 0, 1).unsqueeze(0).contiguous(memory_format=torch.channels_last)
     out = F.interpolate(
         crop, size=(size[1], size[0]), mode="bilinear", antialias=True, align_corners=False
     )[0]
     if flip:
         out = out.flip(2)
+    out = out.contiguous()[:3]  # CHW planes (the pad byte's plane dropped): float work is faster
     if mean is None or std is None:
         return out.contiguous()
     scale, shift = _affine(tuple(mean), tuple(std))
