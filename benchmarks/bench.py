@@ -376,8 +376,10 @@ def main(argv: list[str] | None = None) -> int:
         rows = _report.summarise(results)
         report(name, m, rows, args, missing, "cat")
         targets = _report.targets(name, rows, args.workers)
-        print("\nTargets:\n" + "\n".join(f"- {x}" for x in targets))
+        print("\nTargets:\n" + "\n".join(f"- {x}" for x in targets), flush=True)
         status |= _failed(rows)
+        if args.json:  # after each preset too: a long run stopped later keeps what it measured
+            _write_json(args, info, all_results)
     if args.s3:
         import _s3
 
@@ -413,9 +415,17 @@ def main(argv: list[str] | None = None) -> int:
         )
     print("Versions: " + json.dumps(dict(sorted(versions.items()))))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({**info, "args": vars(args), "results": all_results}, f, indent=1)
+        _write_json(args, info, all_results)
     return status
+
+
+def _write_json(args: argparse.Namespace, info: dict, all_results: dict) -> None:
+    machine = dict(info["machine"])
+    machine.setdefault("loadavg_end", [round(x, 2) for x in os.getloadavg()])
+    with open(args.json, "w") as f:
+        json.dump(
+            {**info, "machine": machine, "args": vars(args), "results": all_results}, f, indent=1
+        )
 
 
 def _failed(rows: dict) -> int:
