@@ -78,12 +78,44 @@ def plot(preset: str, rows: dict, out: str, loadavg: str) -> None:
     plt.close(fig)
 
 
+def markdown(preset: str, rows: dict, workers: int) -> str:
+    """The peers table: ratios to webdataset in-process, per CPU-second and per second."""
+    base = rows[("webdataset", 0)]
+    peers = [p for p in ORDER if any(k[0] == p for k in rows)]
+    head = (
+        f"| {preset} | in-process, per CPU-s | in-process, samples/s | {workers} workers, per CPU-s "
+        f"| {workers} workers, samples/s |"
+    )
+    lines = [head, "|---|---|---|---|---|"]
+
+    def cell(peer: str, mode: int, what: str) -> str:
+        r = rows.get((peer, mode))
+        if r is None:
+            return "-"
+        if what not in r or not r[what]:
+            return "failed: " + r.get("error", "?")[:70]
+        return f"{r[what] / base[what]:.2f}"
+
+    for peer in peers:
+        name = f"**{peer}**" if peer.startswith("shardpipes") else peer
+        cells = [
+            cell(peer, m, w) for m in (0, workers) for w in ("samples_per_cpu_s", "samples_per_s")
+        ]
+        if cells[0].startswith("failed") and cells[1].startswith("failed"):
+            cells[1] = ""
+        if cells[2].startswith("failed") and cells[3].startswith("failed"):
+            cells[3] = ""
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("json", help="the file bench.py --json wrote")
     ap.add_argument("--out", default=os.path.join("docs", "images"), help="directory of the PNGs")
+    ap.add_argument("--markdown", action="store_true", help="also print the peers table per preset")
     args = ap.parse_args(argv)
     with open(args.json) as f:
         run = json.load(f)
@@ -98,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         path = os.path.join(args.out, f"peers-{preset}.png")
         plot(preset, rows, path, load)
         print(path)
+        if args.markdown:
+            print(markdown(preset, rows, run["args"]["workers"]) + "\n")
     return 0
 
 

@@ -218,3 +218,29 @@ def test_fast_tensor_of_a_large_crop_is_dct_scaled_and_close():
     got = fi.decode_crop_tensor(data, (224, 224), box).permute(1, 2, 0).numpy()
     mse = ((got - ref) ** 2).mean()
     assert mse > 0 and 10 * np.log10(255**2 / mse) > 30
+
+
+def test_the_webdataset_front_end_decodes_with_an_image_decoder_by_one_argument(tmp_path):
+    import tarfile
+
+    import shardpipes.webdataset as wds
+
+    path = tmp_path / "a.tar"
+    with tarfile.open(path, "w") as tar:
+        for i, data in enumerate(PHOTOS[:3]):
+            for name, value in ((f"k{i}.jpg", data), (f"k{i}.cls", str(i).encode())):
+                info = tarfile.TarInfo(name)
+                info.size = len(value)
+                tar.addfile(info, io.BytesIO(value))
+    ds = (
+        wds.WebDataset(str(path), shardshuffle=False)
+        .decode(fi.ImageDecoder(64))
+        .to_tuple("jpg", "cls")
+    )
+    got = list(ds)
+    assert [c for _, c in got] == [0, 1, 2]
+    assert [tuple(x.shape) for x, _ in got] == [(3, 64, 85), (3, 85, 64), (3, 64, 84)]
+    ref = (
+        Image.open(io.BytesIO(PHOTOS[0])).convert("RGB").resize((85, 64), Image.Resampling.BILINEAR)
+    )
+    np.testing.assert_array_equal(got[0][0].permute(1, 2, 0).numpy(), np.asarray(ref))
