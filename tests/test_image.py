@@ -244,3 +244,10 @@ def test_the_webdataset_front_end_decodes_with_an_image_decoder_by_one_argument(
         Image.open(io.BytesIO(PHOTOS[0])).convert("RGB").resize((85, 64), Image.Resampling.BILINEAR)
     )
     np.testing.assert_array_equal(got[0][0].permute(1, 2, 0).numpy(), np.asarray(ref))
+
+
+def test_stage_refuses_images_decoded_before_it():
+    (s,) = _samples(1)
+    dp = IterableWrapper([s]).decode().decode_random_resized_crop(32)  # .decode() makes PIL images
+    with pytest.raises(TypeError, match=r"'\.jpg' of sample 'k0' is a JpegImageFile.*image=None"):
+        list(dp)

@@ -44,7 +44,11 @@ class _Crop:
         for name in st._fields(sample):
             value = sample[name]
             if not isinstance(value, (bytes, bytearray, memoryview)):
-                continue
+                raise TypeError(
+                    f"{sample.get('__url__', '')}: field {name!r} of sample "
+                    f"{sample.get('__key__', '')!r} is a {type(value).__name__}, not the encoded "
+                    "bytes: decode images here, not before (.decode(image=None) keeps them bytes)"
+                )
             self.rng = random.Random(self.seed)  # every image field of a sample: the same crop
             flip = st.flip and self.rng.random() < 0.5
             try:
