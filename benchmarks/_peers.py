@@ -27,6 +27,12 @@ Peer, in-process / with workers, and what a batch is:
   of shards) with ``default_decoder``'s basic decoding (see ``wids_decode``) + ``ChunkedSampler(chunksize=1000)`` (shuffles within
   chunks of 1000 indices: wids' counterpart of a 1000-sample buffer) and torch ``DataLoader
   (batch_size=64, collate_fn=list)``, with ``num_workers`` 0 or N.
+- ``litdata``, ``mosaic``, ``energon``, ``dali``: see ``_peers_native.py`` (their own formats,
+  the per-sample work of ``_work.py``).
+- ``shardpipes_fused`` (jpeg preset): the shardpipes graph with ``decode_random_resized_crop``
+  in place of the shared transform; ``shardpipes_fused_t2`` the same decoding in 2 threads.
+- On the ``jpeg`` preset every Python peer runs ``_work.jpeg_item`` (decode + the ImageNet
+  training transform) after its shuffle and before batching.
 - ``tarfile``: Python's ``tarfile`` in stream mode reading every member's bytes (and counting
   keys), nothing else: the floor of any tarfile-based loader. In-process only.
 - ``cat``: ``cat`` of the shard files to ``/dev/null``: the I/O limit. Handled by the runner.

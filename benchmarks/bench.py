@@ -1,4 +1,5 @@
-"""shardpipes against webdataset 1.0.2, wids and torchdata 0.9 on the same shards, in one run.
+"""shardpipes against webdataset 1.0.2, wids, torchdata 0.9, LitData, MosaicML streaming,
+Megatron-Energon and DALI (CPU) on the same samples, in one run.
 
     python benchmarks/bench.py                       # small, large, jpeg presets, all peers, 3 trials
     python benchmarks/bench.py --quick               # a few seconds: tiny data, 1 trial
@@ -11,8 +12,13 @@ a time, with the page cache warm (the shards are read once before the first tria
 round-robin over the peers so that noise from other work on the machine spreads over all of
 them; the table shows medians and the spread ((max - min) / median of samples/s).
 
-shardpipes, ``tarfile`` and ``cat`` run with this interpreter; webdataset, wids and torchdata 0.9
-run in ``.bench/venv-peers``, created on first use (see ``_venv.py``). Shards are generated
+shardpipes, ``tarfile`` and ``cat`` run with this interpreter; webdataset, wids, torchdata 0.9,
+LitData, Mosaic, Energon and DALI run in ``.bench/venv-peers``, created on first use (see
+``_venv.py``). LitData, Mosaic, Energon and DALI read the preset's samples in their own format,
+written once by their own writer into ``<preset dir>/native/<peer>/`` (``_native.py``); a peer
+whose writer fails is reported as not measured, with the writer's error. The ``jpeg`` preset
+(photographs, ImageNet's training transform; ``_photos.py``, ``_work.py``) adds the rows
+``shardpipes_fused``/``shardpipes_fused_t2`` (shardpipes' ``decode_random_resized_crop``). Shards are generated
 once into ``.bench/data`` (see ``_data.py``). Neither is tracked by git. What each peer runs,
 and how its batches are collated, is in ``_peers.py``; the results and how to read them are in
 ``docs/performance.md``.
