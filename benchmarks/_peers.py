@@ -201,6 +201,48 @@ def shardpipes_fused(m: dict, workers: int, cfg: dict, threads: int = 0) -> Made
     return _shardpipes_loader(dp, workers)
 
 
+class _NormaliseAfter:
+    """Batches of uint8 crops from the workers, normalised here in the main process."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Any:
+        from shardpipes.formats.image import IMAGENET_MEAN, IMAGENET_STD, _affine
+
+        scale, shift = _affine(IMAGENET_MEAN, IMAGENET_STD)
+        for batch in self.loader:
+            for s in batch:
+                s[".jpg"] = s[".jpg"].float().mul_(scale).add_(shift)
+            yield batch
+
+
+def shardpipes_fused_u8(m: dict, workers: int, cfg: dict) -> Made:
+    """``shardpipes_fused`` with workers sending uint8 crops; normalised in the main process.
+
+    The same work as ``shardpipes_fused`` (the normalisation is done, and its CPU counted, in
+    the main process), with a quarter of the bytes crossing between processes (150 KB per
+    sample instead of 600 KB of float32).
+    """
+    from shardpipes.datapipes.iter import IterableWrapper
+
+    if not _jpeg(m) or not workers:
+        raise ValueError("shardpipes_fused_u8 is a workers row of the jpeg preset")
+    dp = (
+        IterableWrapper(m["paths"])
+        .sharding_filter()
+        .open_files_by_fsspec(mode="rb")
+        .load_from_tar()
+        .webdataset()
+        .decode(image=None)
+        .shuffle(buffer_size=cfg["shuffle"])
+        .decode_random_resized_crop(224, mean=None, std=None)
+        .batch(cfg["batch"])
+    )
+    dl, close, what = _shardpipes_loader(dp, workers)
+    return _NormaliseAfter(dl), close, what + ", uint8 crops normalised in the main process"
+
+
 def shardpipes_fused_t2(m: dict, workers: int, cfg: dict) -> Made:
     """``shardpipes_fused`` decoding in 2 threads in-process (Pillow and torch release the GIL)."""
     if workers:
@@ -355,6 +397,7 @@ PEERS: dict[str, Callable[[dict, int, dict], Made]] = {
     "shardpipes_dl2": shardpipes_dl2,
     "shardpipes_fused": shardpipes_fused,
     "shardpipes_fused_t2": shardpipes_fused_t2,
+    "shardpipes_fused_u8": shardpipes_fused_u8,
     "torchdata09": torchdata09,
     "torchdata09_dl": torchdata09_dl,
     "webdataset": webdataset,
@@ -403,6 +446,14 @@ PRELOAD: dict[str, list[str]] = {
         "PIL.JpegImagePlugin",
         "numpy",
     ],
+    "shardpipes_fused_u8": [
+        "torch",
+        "fsspec.implementations.local",
+        "shardpipes.datapipes.iter",
+        "shardpipes.dataloader2",
+        "PIL.JpegImagePlugin",
+        "numpy",
+    ],
     "torchdata09_dl": ["torch", "fsspec.implementations.local", "torchdata.datapipes.iter"],
     "webdataset": ["torch", "webdataset"],
     "wids": ["torch", "wids", "wids.wids_decode"],
@@ -441,6 +492,7 @@ def library_versions(peer: str) -> dict[str, str]:
         "shardpipes_dl2": ["shardpipes", "torch", "torchdata"],
         "shardpipes_fused": ["shardpipes", "torch", "torchdata", "pillow"],
         "shardpipes_fused_t2": ["shardpipes", "torch", "torchdata", "pillow"],
+        "shardpipes_fused_u8": ["shardpipes", "torch", "torchdata", "pillow"],
         "torchdata09": ["torchdata", "torch"],
         "torchdata09_dl": ["torchdata", "torch"],
         "webdataset": ["webdataset", "torch"],

@@ -59,11 +59,12 @@ ALL_PEERS = [
     "shardpipes_dl2",
     "shardpipes_fused",
     "shardpipes_fused_t2",
+    "shardpipes_fused_u8",
 ]
 IN_PROCESS_ONLY = {"cat", "s3cat", "tarfile", "shardpipes_dl2", "shardpipes_fused_t2"}
 # shardpipes' crop-decode stage: the same graph as "shardpipes" where there are no images
-JPEG_ONLY = {"shardpipes_fused", "shardpipes_fused_t2"}
-WORKERS_ONLY = {"torchdata09_dl"}
+JPEG_ONLY = {"shardpipes_fused", "shardpipes_fused_t2", "shardpipes_fused_u8"}
+WORKERS_ONLY = {"torchdata09_dl", "shardpipes_fused_u8"}
 # Peers that read their own format: written once per preset by their own writer (_native.py).
 NATIVE = {"litdata", "mosaic", "energon", "dali"}
 IN_PEERS_VENV = {"webdataset", "wids", "torchdata09", "torchdata09_dl", *NATIVE}

@@ -32,6 +32,7 @@ ORDER = [
     "shardpipes_dl2",
     "shardpipes_fused",
     "shardpipes_fused_t2",
+    "shardpipes_fused_u8",
 ]
 
 
