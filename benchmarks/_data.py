@@ -29,6 +29,9 @@ class Preset:
     payload_bytes: int  # size of each sample's .bin field
     spread: float = 0.6  # shard counts drawn from [1 - spread, 1 + spread] x the mean
     seed: int = 0
+    # "bytes": {.cls, .json, .bin} samples (shardpipes.synthetic); "jpeg": {.jpg, .cls}
+    # photographs (_photos.py), decoded and transformed by every peer (_work.jpeg_item)
+    kind: str = "bytes"
 
 
 PRESETS = {
@@ -36,8 +39,11 @@ PRESETS = {
     "small": Preset("small", shards=16, samples=60_000, payload_bytes=2_000),
     # ~100 KB per sample, ~600 MB on disk: I/O bound.
     "large": Preset("large", shards=12, samples=6_000, payload_bytes=100_000),
+    # ~75 KB photographs, 500x375 at quality 90, ImageNet's training transform: decode bound.
+    "jpeg": Preset("jpeg", shards=10, samples=1_200, payload_bytes=0, kind="jpeg"),
     # a few seconds end to end, for the smoke test
     "quick": Preset("quick", shards=4, samples=1_200, payload_bytes=2_000),
+    "quickjpeg": Preset("quickjpeg", shards=4, samples=256, payload_bytes=0, kind="jpeg"),
 }
 
 
@@ -55,7 +61,10 @@ def _counts(p: Preset) -> list[int]:
 
 
 def _key(p: Preset) -> str:
-    text = json.dumps({**asdict(p), "format": _FORMAT}, sort_keys=True)
+    fields = asdict(p)
+    if p.kind == "bytes":
+        del fields["kind"]  # the keys of the byte presets' caches from before "kind" existed
+    text = json.dumps({**fields, "format": _FORMAT}, sort_keys=True)
     return f"{p.name}-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
 
 
@@ -75,16 +84,21 @@ def ensure_dataset(p: Preset, cache_dir: str, log=print) -> dict:
         ):
             return manifest
         log(f"cached {p.name} data in {directory} is damaged; writing it again")
-    from shardpipes.synthetic import write_synthetic
-
     tmp = directory + ".partial"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.rmtree(directory, ignore_errors=True)
     counts = _counts(p)
     t0 = time.perf_counter()
-    write_synthetic(
-        tmp, shards=p.shards, samples=counts, payload_bytes=p.payload_bytes, seed=p.seed
-    )
+    if p.kind == "jpeg":
+        import _photos
+
+        _photos.write_jpeg_shards(tmp, counts, p.seed)
+    else:
+        from shardpipes.synthetic import write_synthetic
+
+        write_synthetic(
+            tmp, shards=p.shards, samples=counts, payload_bytes=p.payload_bytes, seed=p.seed
+        )
     os.rename(tmp, directory)
     names = sorted(n for n in os.listdir(directory) if n.endswith(".tar"))
     paths = [os.path.join(directory, n) for n in names]
@@ -110,7 +124,7 @@ def ensure_dataset(p: Preset, cache_dir: str, log=print) -> dict:
         "sizes": sizes,
         "samples": sum(counts),
         "bytes": sum(sizes),
-        "fields": 3,
+        "fields": 2 if p.kind == "jpeg" else 3,
         "wids_descriptor": os.path.join(directory, "wids.json"),
     }
     with open(os.path.join(directory, "manifest.json.tmp"), "w") as f:

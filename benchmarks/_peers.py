@@ -27,6 +27,12 @@ Peer, in-process / with workers, and what a batch is:
   of shards) with ``default_decoder``'s basic decoding (see ``wids_decode``) + ``ChunkedSampler(chunksize=1000)`` (shuffles within
   chunks of 1000 indices: wids' counterpart of a 1000-sample buffer) and torch ``DataLoader
   (batch_size=64, collate_fn=list)``, with ``num_workers`` 0 or N.
+- ``litdata``, ``mosaic``, ``energon``, ``dali``: see ``_peers_native.py`` (their own formats,
+  the per-sample work of ``_work.py``).
+- ``shardpipes_fused`` (jpeg preset): the shardpipes graph with ``decode_random_resized_crop``
+  in place of the shared transform; ``shardpipes_fused_t2`` the same decoding in 2 threads.
+- On the ``jpeg`` preset every Python peer runs ``_work.jpeg_item`` (decode + the ImageNet
+  training transform) after its shuffle and before batching.
 - ``tarfile``: Python's ``tarfile`` in stream mode reading every member's bytes (and counting
   keys), nothing else: the floor of any tarfile-based loader. In-process only.
 - ``cat``: ``cat`` of the shard files to ``/dev/null``: the I/O limit. Handled by the runner.
@@ -88,6 +94,44 @@ def td09_decode_member(item: tuple[str, Any]) -> tuple[str, Any]:
     return path, data
 
 
+def mosaic_base() -> Any:
+    """MosaicML streaming's ``streaming.base`` (MDSWriter, StreamingDataset), without torchvision.
+
+    ``import streaming`` runs the package's ``__init__``, which re-exports ``streaming.vision``,
+    which imports torchvision at import time. torchvision cannot load beside torch 2.13's CPU
+    wheel here (the index's wheel links ``libtorch_cuda``: ``operator torchvision::nms does not
+    exist`` on import), so the peers' venv does not keep it (``_venv.py``), and this loads the
+    installed ``streaming`` package without running its ``__init__``: the package module is
+    created from its real spec and ``streaming.base`` imported beneath it. Nothing is stubbed
+    or replaced; the MDS reader and writer never touch torchvision (only ``streaming.vision``
+    does), so what runs is Mosaic's own code, as with a working torchvision.
+    """
+    import importlib
+    import importlib.util
+    import types
+
+    if "streaming" not in sys.modules:
+        spec = importlib.util.find_spec("streaming")
+        if spec is None or spec.submodule_search_locations is None:
+            raise ImportError("mosaicml-streaming is not installed")
+        pkg = types.ModuleType("streaming")
+        pkg.__spec__ = spec
+        pkg.__path__ = list(spec.submodule_search_locations)
+        pkg.__file__ = spec.origin
+        sys.modules["streaming"] = pkg
+    return importlib.import_module("streaming.base")
+
+
+def jpeg_item(sample: dict) -> dict:
+    import _work
+
+    return _work.jpeg_item(sample)
+
+
+def _jpeg(m: dict) -> bool:
+    return m["preset"].get("kind") == "jpeg"
+
+
 # --- peers ------------------------------------------------------------------------------------
 
 
@@ -100,12 +144,18 @@ def shardpipes(m: dict, workers: int, cfg: dict) -> Made:
         .open_files_by_fsspec(mode="rb")
         .load_from_tar()
         .webdataset()
-        .decode()
+        .decode(image=None)
         .shuffle(buffer_size=cfg["shuffle"])
-        .batch(cfg["batch"])
     )
+    if _jpeg(m):
+        dp = dp.map(jpeg_item)  # after the shuffle: the buffer holds encoded images
+    dp = dp.batch(cfg["batch"])
     if workers == 0:
         return dp, _nothing, "graph iterated directly"
+    return _shardpipes_loader(dp, workers)
+
+
+def _shardpipes_loader(dp: Any, workers: int) -> Made:
     try:
         from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService
     except ImportError as exc:
@@ -119,6 +169,85 @@ def shardpipes(m: dict, workers: int, cfg: dict) -> Made:
         )
     dl2 = DataLoader2(dp, reading_service=MultiProcessingReadingService(num_workers=workers))
     return dl2, dl2.shutdown, f"shardpipes DataLoader2 + MultiProcessingReadingService({workers})"
+
+
+def shardpipes_fused(m: dict, workers: int, cfg: dict, threads: int = 0) -> Made:
+    """The jpeg preset with shardpipes' own crop-decode stage instead of the shared transform.
+
+    ``.decode_random_resized_crop(224)`` (``shardpipes.formats.image``): the same ImageNet
+    transform (random resized crop, flip, float tensor, normalise) fused with the decode.
+    """
+    from shardpipes.datapipes.iter import IterableWrapper
+
+    if not _jpeg(m):
+        raise ValueError("shardpipes_fused runs on the jpeg preset only (no images elsewhere)")
+    dp = (
+        IterableWrapper(m["paths"])
+        .sharding_filter()
+        .open_files_by_fsspec(mode="rb")
+        .load_from_tar()
+        .webdataset()
+        .decode(image=None)
+        .shuffle(buffer_size=cfg["shuffle"])
+        .decode_random_resized_crop(224, threads=threads)
+        .batch(cfg["batch"])
+    )
+    if workers == 0:
+        return (
+            dp,
+            _nothing,
+            f"graph iterated directly, decode_random_resized_crop(threads={threads})",
+        )
+    return _shardpipes_loader(dp, workers)
+
+
+class _NormaliseAfter:
+    """Batches of uint8 crops from the workers, normalised here in the main process."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Any:
+        from shardpipes.formats.image import IMAGENET_MEAN, IMAGENET_STD, _affine
+
+        scale, shift = _affine(IMAGENET_MEAN, IMAGENET_STD)
+        for batch in self.loader:
+            for s in batch:
+                s[".jpg"] = s[".jpg"].float().mul_(scale).add_(shift)
+            yield batch
+
+
+def shardpipes_fused_u8(m: dict, workers: int, cfg: dict) -> Made:
+    """``shardpipes_fused`` with workers sending uint8 crops; normalised in the main process.
+
+    The same work as ``shardpipes_fused`` (the normalisation is done, and its CPU counted, in
+    the main process), with a quarter of the bytes crossing between processes (150 KB per
+    sample instead of 600 KB of float32).
+    """
+    from shardpipes.datapipes.iter import IterableWrapper
+
+    if not _jpeg(m) or not workers:
+        raise ValueError("shardpipes_fused_u8 is a workers row of the jpeg preset")
+    dp = (
+        IterableWrapper(m["paths"])
+        .sharding_filter()
+        .open_files_by_fsspec(mode="rb")
+        .load_from_tar()
+        .webdataset()
+        .decode(image=None)
+        .shuffle(buffer_size=cfg["shuffle"])
+        .decode_random_resized_crop(224, mean=None, std=None)
+        .batch(cfg["batch"])
+    )
+    dl, close, what = _shardpipes_loader(dp, workers)
+    return _NormaliseAfter(dl), close, what + ", uint8 crops normalised in the main process"
+
+
+def shardpipes_fused_t2(m: dict, workers: int, cfg: dict) -> Made:
+    """``shardpipes_fused`` decoding in 2 threads in-process (Pillow and torch release the GIL)."""
+    if workers:
+        raise ValueError("shardpipes_fused_t2 is an in-process row")
+    return shardpipes_fused(m, 0, cfg, threads=2)
 
 
 def shardpipes_dl2(m: dict, workers: int, cfg: dict) -> Made:
@@ -152,8 +281,10 @@ def torchdata09(m: dict, workers: int, cfg: dict) -> Made:
         .map(td09_decode_member)
         .webdataset()
         .shuffle(buffer_size=cfg["shuffle"])
-        .batch(cfg["batch"])
     )
+    if _jpeg(m):
+        dp = dp.map(jpeg_item)
+    dp = dp.batch(cfg["batch"])
     if workers == 0:
         return dp, _nothing, "graph iterated directly"
     from torchdata.dataloader2 import DataLoader2, MultiProcessingReadingService
@@ -197,12 +328,10 @@ def webdataset(m: dict, workers: int, cfg: dict) -> Made:
 
         # the package's `gopen` attribute is the function; the table lives in the module
         importlib.import_module("webdataset.gopen").gopen_schemes["s3"] = wds_gopen_fsspec
-    ds = (
-        wds.WebDataset(m["paths"], shardshuffle=False)
-        .decode()
-        .shuffle(cfg["shuffle"])
-        .batched(cfg["batch"], collation_fn=None)
-    )
+    ds = wds.WebDataset(m["paths"], shardshuffle=False).decode().shuffle(cfg["shuffle"])
+    if _jpeg(m):
+        ds = ds.map(jpeg_item)
+    ds = ds.batched(cfg["batch"], collation_fn=None)
     if workers == 0:
         return ds, _nothing, "WebDataset iterated directly"
     loader = wds.WebLoader(ds, batch_size=None, num_workers=workers)
@@ -217,7 +346,7 @@ def wids(m: dict, workers: int, cfg: dict) -> Made:
         m["wids_descriptor"],
         localname=same_path,  # read the shards where they are (no copy into a cache dir)
         lru_size=len(m["paths"]),
-        transformations=[wids_decode],
+        transformations=[wids_decode, jpeg_item] if _jpeg(m) else [wids_decode],
     )
     sampler = wids_.ChunkedSampler(ds, chunksize=cfg["shuffle"], shuffle=True, seed=0)
     dl = DataLoader(
@@ -266,12 +395,25 @@ def _nothing() -> None:
 PEERS: dict[str, Callable[[dict, int, dict], Made]] = {
     "shardpipes": shardpipes,
     "shardpipes_dl2": shardpipes_dl2,
+    "shardpipes_fused": shardpipes_fused,
+    "shardpipes_fused_t2": shardpipes_fused_t2,
+    "shardpipes_fused_u8": shardpipes_fused_u8,
     "torchdata09": torchdata09,
     "torchdata09_dl": torchdata09_dl,
     "webdataset": webdataset,
     "wids": wids,
     "tarfile": tarfile,
+    "litdata": lambda m, w, c: _native("litdata", m, w, c),
+    "mosaic": lambda m, w, c: _native("mosaic", m, w, c),
+    "energon": lambda m, w, c: _native("energon", m, w, c),
+    "dali": lambda m, w, c: _native("dali", m, w, c),
 }
+
+
+def _native(peer: str, m: dict, workers: int, cfg: dict) -> Made:
+    import _peers_native  # the peers' venv only: it imports Energon at module level
+
+    return _peers_native.PEERS[peer](m, workers, cfg)
 
 
 # Imported by the runner before the clock starts, so import time is never measured.
@@ -289,10 +431,37 @@ PRELOAD: dict[str, list[str]] = {
         "torchdata.dataloader2",
     ],
     "shardpipes_dl2": ["torch", "fsspec.implementations.local", "shardpipes.dataloader2"],
+    "shardpipes_fused": [
+        "torch",
+        "fsspec.implementations.local",
+        "shardpipes.datapipes.iter",
+        "shardpipes.dataloader2",
+        "PIL.JpegImagePlugin",
+        "numpy",
+    ],
+    "shardpipes_fused_t2": [
+        "torch",
+        "fsspec.implementations.local",
+        "shardpipes.datapipes.iter",
+        "PIL.JpegImagePlugin",
+        "numpy",
+    ],
+    "shardpipes_fused_u8": [
+        "torch",
+        "fsspec.implementations.local",
+        "shardpipes.datapipes.iter",
+        "shardpipes.dataloader2",
+        "PIL.JpegImagePlugin",
+        "numpy",
+    ],
     "torchdata09_dl": ["torch", "fsspec.implementations.local", "torchdata.datapipes.iter"],
     "webdataset": ["torch", "webdataset"],
     "wids": ["torch", "wids", "wids.wids_decode"],
     "tarfile": ["tarfile"],
+    "litdata": ["torch", "litdata", "_peers_native"],
+    "mosaic": ["torch", "_peers_native"],
+    "energon": ["torch", "megatron.energon", "_peers_native"],
+    "dali": ["nvidia.dali", "nvidia.dali.fn", "_peers_native"],
     "cat": [],
     "s3cat": ["s3fs"],
 }
@@ -306,6 +475,8 @@ def preload(peer: str) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torchdata 0.9's deprecation banner
             try:
+                if peer == "mosaic" and name == "_peers_native":
+                    mosaic_base()
                 importlib.import_module(name)
             except ImportError:
                 if peer == "shardpipes" and name == "shardpipes.dataloader2":
@@ -319,11 +490,18 @@ def library_versions(peer: str) -> dict[str, str]:
     names = {
         "shardpipes": ["shardpipes", "torch", "torchdata"],
         "shardpipes_dl2": ["shardpipes", "torch", "torchdata"],
+        "shardpipes_fused": ["shardpipes", "torch", "torchdata", "pillow"],
+        "shardpipes_fused_t2": ["shardpipes", "torch", "torchdata", "pillow"],
+        "shardpipes_fused_u8": ["shardpipes", "torch", "torchdata", "pillow"],
         "torchdata09": ["torchdata", "torch"],
         "torchdata09_dl": ["torchdata", "torch"],
         "webdataset": ["webdataset", "torch"],
         "wids": ["wids", "torch"],
         "tarfile": [],
+        "litdata": ["litdata", "torch"],
+        "mosaic": ["mosaicml-streaming", "torch"],
+        "energon": ["megatron-energon", "torch"],
+        "dali": ["nvidia-dali-cuda120"],
         "cat": [],
         "s3cat": ["s3fs", "fsspec"],
     }[peer]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable
 
-__all__ = ["MODE_NAMES", "ratios", "summarise", "table", "targets"]
+__all__ = ["MODE_NAMES", "PEERS", "best_peer", "ratios", "summarise", "table", "targets"]
 
 MODE_NAMES = {0: "in-process"}
 
@@ -108,31 +108,52 @@ def _get(rows: dict, peer: str, workers: int, what: str) -> float | None:
     return r.get(what) if r else None
 
 
+PEERS = (
+    "webdataset",
+    "torchdata09",
+    "torchdata09_dl",
+    "wids",
+    "litdata",
+    "mosaic",
+    "energon",
+    "dali",
+)
+
+
+def _ours(rows: dict) -> str:
+    """The shardpipes row the ratios are of: the crop-decode stage where it ran (jpeg)."""
+    return "shardpipes_fused" if any(k[0] == "shardpipes_fused" for k in rows) else "shardpipes"
+
+
 def ratios(rows: dict, workers: int, limit: str = "cat") -> list[str]:
     out = []
+    ours = _ours(rows)
     for mode in (0, workers):
-        sp = _get(rows, "shardpipes", mode, "samples_per_s")
+        sp = _get(rows, ours, mode, "samples_per_s")
         if sp is None:
             continue
-        sp_cpu = _get(rows, "shardpipes", mode, "samples_per_cpu_s")
-        for peer in (
-            "webdataset",
-            "torchdata09",
-            "torchdata09_dl",
-            "wids",
-            "tarfile",
-            "shardpipes_dl2",
-        ):
+        sp_cpu = _get(rows, ours, mode, "samples_per_cpu_s")
+        others = (*PEERS, "tarfile", "shardpipes_dl2")
+        if ours != "shardpipes":
+            others = (*others, "shardpipes")
+        for peer in others:
             other = _get(rows, peer, mode, "samples_per_s")
             other_cpu = _get(rows, peer, mode, "samples_per_cpu_s")
             if other:
                 cpu = f"; per CPU-second {sp_cpu / other_cpu:.2f}x" if sp_cpu and other_cpu else ""
-                out.append(f"shardpipes/{peer} ({mode_name(mode)}): {sp / other:.2f}x{cpu}")
+                out.append(f"{ours}/{peer} ({mode_name(mode)}): {sp / other:.2f}x{cpu}")
         cat = _get(rows, limit, 0, "mb_per_s")
-        mb = _get(rows, "shardpipes", mode, "mb_per_s")
+        mb = _get(rows, ours, mode, "mb_per_s")
         if cat and mb:
-            out.append(f"shardpipes/limit ({limit} MB/s, {mode_name(mode)}): {mb / cat:.1%}")
+            out.append(f"{ours}/limit ({limit} MB/s, {mode_name(mode)}): {mb / cat:.1%}")
     return out
+
+
+def best_peer(rows: dict, mode: int, what: str = "samples_per_cpu_s") -> tuple[str, float] | None:
+    """The fastest peer (not shardpipes, not the limits) in ``mode`` by ``what``."""
+    got = [(p, _get(rows, p, mode, what)) for p in PEERS]
+    got = [(p, v) for p, v in got if v]
+    return max(got, key=lambda x: x[1]) if got else None
 
 
 def targets(preset: str, rows: dict, workers: int) -> list[str]:
@@ -159,6 +180,37 @@ def targets(preset: str, rows: dict, workers: int) -> list[str]:
             spw / sp0 if spw and sp0 else None,
             1.7,
         )
+    if preset in ("jpeg", "quickjpeg"):
+        for mode in (0, workers):
+            ours = _get(rows, "shardpipes_fused", mode, "samples_per_cpu_s")
+            wds = _get(rows, "webdataset", mode, "samples_per_cpu_s")
+            line(
+                f"jpeg {mode_name(mode)} per CPU-second vs webdataset + the transform",
+                ours / wds if ours and wds else None,
+                1.5,
+            )
+            best = best_peer(rows, mode)
+            line(
+                f"jpeg {mode_name(mode)} per CPU-second vs the best peer"
+                + (f" ({best[0]})" if best else ""),
+                ours / best[1] if ours and best else None,
+                1.2,
+            )
+    # on every preset and mode: ahead of every peer that ran, per CPU-second and per second
+    ours_name = _ours(rows)
+    for mode in (0, workers):
+        for what, label in (
+            ("samples_per_cpu_s", "per CPU-second"),
+            ("samples_per_s", "samples/s"),
+        ):
+            ours = _get(rows, ours_name, mode, what)
+            best = best_peer(rows, mode, what)
+            line(
+                f"{preset} {mode_name(mode)} {label}: {ours_name} vs the best peer"
+                + (f" ({best[0]})" if best else ""),
+                ours / best[1] if ours and best else None,
+                1.0,
+            )
     if preset in ("large", "quick"):
         cat = _get(rows, "cat", 0, "mb_per_s")
         mb0 = _get(rows, "shardpipes", 0, "mb_per_s")

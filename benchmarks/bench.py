@@ -1,6 +1,7 @@
-"""shardpipes against webdataset 1.0.2, wids and torchdata 0.9 on the same shards, in one run.
+"""shardpipes against webdataset 1.0.2, wids, torchdata 0.9, LitData, MosaicML streaming,
+Megatron-Energon and DALI (CPU) on the same samples, in one run.
 
-    python benchmarks/bench.py                       # small + large presets, all peers, 3 trials
+    python benchmarks/bench.py                       # small, large, jpeg presets, all peers, 3 trials
     python benchmarks/bench.py --quick               # a few seconds: tiny data, 1 trial
     python benchmarks/bench.py --presets small --peers shardpipes,webdataset --trials 5
     python benchmarks/bench.py --profile             # cProfile of shardpipes in-process, small
@@ -11,8 +12,13 @@ a time, with the page cache warm (the shards are read once before the first tria
 round-robin over the peers so that noise from other work on the machine spreads over all of
 them; the table shows medians and the spread ((max - min) / median of samples/s).
 
-shardpipes, ``tarfile`` and ``cat`` run with this interpreter; webdataset, wids and torchdata 0.9
-run in ``.bench/venv-peers``, created on first use (see ``_venv.py``). Shards are generated
+shardpipes, ``tarfile`` and ``cat`` run with this interpreter; webdataset, wids, torchdata 0.9,
+LitData, Mosaic, Energon and DALI run in ``.bench/venv-peers``, created on first use (see
+``_venv.py``). LitData, Mosaic, Energon and DALI read the preset's samples in their own format,
+written once by their own writer into ``<preset dir>/native/<peer>/`` (``_native.py``); a peer
+whose writer fails is reported as not measured, with the writer's error. The ``jpeg`` preset
+(photographs, ImageNet's training transform; ``_photos.py``, ``_work.py``) adds the rows
+``shardpipes_fused``/``shardpipes_fused_t2`` (shardpipes' ``decode_random_resized_crop``). Shards are generated
 once into ``.bench/data`` (see ``_data.py``). Neither is tracked by git. What each peer runs,
 and how its batches are collated, is in ``_peers.py``; the results and how to read them are in
 ``docs/performance.md``.
@@ -45,12 +51,23 @@ ALL_PEERS = [
     "wids",
     "torchdata09",
     "torchdata09_dl",
+    "litdata",
+    "mosaic",
+    "energon",
+    "dali",
     "shardpipes",
     "shardpipes_dl2",
+    "shardpipes_fused",
+    "shardpipes_fused_t2",
+    "shardpipes_fused_u8",
 ]
-IN_PROCESS_ONLY = {"cat", "s3cat", "tarfile", "shardpipes_dl2"}
-WORKERS_ONLY = {"torchdata09_dl"}
-IN_PEERS_VENV = {"webdataset", "wids", "torchdata09", "torchdata09_dl"}
+IN_PROCESS_ONLY = {"cat", "s3cat", "tarfile", "shardpipes_dl2", "shardpipes_fused_t2"}
+# shardpipes' crop-decode stage: the same graph as "shardpipes" where there are no images
+JPEG_ONLY = {"shardpipes_fused", "shardpipes_fused_t2", "shardpipes_fused_u8"}
+WORKERS_ONLY = {"torchdata09_dl", "shardpipes_fused_u8"}
+# Peers that read their own format: written once per preset by their own writer (_native.py).
+NATIVE = {"litdata", "mosaic", "energon", "dali"}
+IN_PEERS_VENV = {"webdataset", "wids", "torchdata09", "torchdata09_dl", *NATIVE}
 
 
 def log(*args: object) -> None:
@@ -115,6 +132,36 @@ def source_digest() -> str:
                 with open(path, "rb") as f:
                     h.update(f.read())
     return h.hexdigest()[:12]
+
+
+def ensure_native(m: dict, peer: str, python: str) -> tuple[dict | None, str]:
+    """Write ``m``'s samples in ``peer``'s own format with its own writer, once (cached)."""
+    out = os.path.join(m["directory"], "native", peer)
+    done = os.path.join(out, "native.json")
+    if os.path.exists(done):
+        with open(done) as f:
+            return json.load(f), ""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(m, f)
+    t0 = time.perf_counter()
+    try:
+        cmd = [python, os.path.join(HERE, "_native.py"), f"--manifest={f.name}"]
+        p = subprocess.run(
+            [*cmd, f"--format={peer}", f"--out={out}"],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, PYTHONWARNINGS="ignore"),
+        )
+    finally:
+        os.unlink(f.name)
+    for line in p.stdout.splitlines():
+        if line.startswith("NATIVE "):
+            log(
+                f"wrote {m['preset']['name']} as {peer} in {time.perf_counter() - t0:.1f} s -> {out}"
+            )
+            return json.loads(line[len("NATIVE ") :]), ""
+    tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
+    return None, f"its writer failed (exit {p.returncode}): {tail}"
 
 
 def warm(paths: list[str]) -> None:
@@ -206,7 +253,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = ap.parse_args(argv)
     if args.presets is None:
-        args.presets = "quick" if args.quick else "small,large"
+        args.presets = "quick" if args.quick else "small,large,jpeg"
     if args.trials is None:
         args.trials = 1 if args.quick else 3
     args.presets = [p for p in args.presets.split(",") if p]
@@ -269,10 +316,15 @@ def report(
     title: str, m: dict, rows: dict, args: argparse.Namespace, unavailable: dict, limit: str
 ) -> None:
     p = m["preset"]
+    what = (
+        "photographs 500x375 q90, ImageNet training transform"
+        if p.get("kind") == "jpeg"
+        else f".bin payload {p['payload_bytes']:,} B"
+    )
     print(
         f"\n## {title}: {len(m['paths'])} shards (uneven, {min(m['counts'])}-{max(m['counts'])} "
-        f"samples), {m['samples']:,} samples, {m['bytes'] / 1e6:,.0f} MB, .bin payload "
-        f"{p['payload_bytes']:,} B; medians of {args.trials} run(s)\n"
+        f"samples), {m['samples']:,} samples, {m['bytes'] / 1e6:,.0f} MB, {what}; medians of "
+        f"{args.trials} run(s)\n"
     )
     print(_report.table(rows, [*ALL_PEERS, "s3cat"]))
     for peer, why in unavailable.items():
@@ -315,13 +367,26 @@ def main(argv: list[str] | None = None) -> int:
     manifests = {}
     for name in args.presets:
         m = manifests[name] = _data.ensure_dataset(_data.PRESETS[name], args.cache_dir, log)
+        missing = dict(unavailable)
+        m["native"] = {}
+        for peer in [p for p in peers if p in NATIVE]:
+            native, why = ensure_native(m, peer, pythons[peer])
+            if native is None:
+                missing[peer] = why
+            else:
+                m["native"][peer] = native
+        here = [p for p in peers if p not in missing]
+        if m["preset"].get("kind") != "jpeg":
+            here = [p for p in here if p not in JPEG_ONLY]
         warm(m["paths"])
-        results = all_results[name] = measure(name, m, configs_for(peers, args), pythons, args)
+        results = all_results[name] = measure(name, m, configs_for(here, args), pythons, args)
         rows = _report.summarise(results)
-        report(name, m, rows, args, unavailable, "cat")
+        report(name, m, rows, args, missing, "cat")
         targets = _report.targets(name, rows, args.workers)
-        print("\nTargets:\n" + "\n".join(f"- {x}" for x in targets))
+        print("\nTargets:\n" + "\n".join(f"- {x}" for x in targets), flush=True)
         status |= _failed(rows)
+        if args.json:  # after each preset too: a long run stopped later keeps what it measured
+            _write_json(args, info, all_results)
     if args.s3:
         import _s3
 
@@ -357,9 +422,17 @@ def main(argv: list[str] | None = None) -> int:
         )
     print("Versions: " + json.dumps(dict(sorted(versions.items()))))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({**info, "args": vars(args), "results": all_results}, f, indent=1)
+        _write_json(args, info, all_results)
     return status
+
+
+def _write_json(args: argparse.Namespace, info: dict, all_results: dict) -> None:
+    machine = dict(info["machine"])
+    machine.setdefault("loadavg_end", [round(x, 2) for x in os.getloadavg()])
+    with open(args.json, "w") as f:
+        json.dump(
+            {**info, "machine": machine, "args": vars(args), "results": all_results}, f, indent=1
+        )
 
 
 def _failed(rows: dict) -> int:

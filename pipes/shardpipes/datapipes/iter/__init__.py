@@ -31,6 +31,9 @@ from shardpipes.datapipes.iter.expand import ShardExpanderIterDataPipe as ShardE
 from shardpipes.datapipes.iter.fsspec import FSSpecFileListerIterDataPipe as FSSpecFileLister
 from shardpipes.datapipes.iter.fsspec import FSSpecFileOpenerIterDataPipe as FSSpecFileOpener
 from shardpipes.datapipes.iter.fsspec import FSSpecSaverIterDataPipe as FSSpecSaver
+from shardpipes.datapipes.iter.image import (
+    RandomResizedCropDecoderIterDataPipe as RandomResizedCropDecoder,
+)
 from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe as IndexSharder
 from shardpipes.datapipes.iter.length import CyclerIterDataPipe as Cycler
 from shardpipes.datapipes.iter.length import FixedLengthIterDataPipe as FixedLength
@@ -75,6 +78,7 @@ __all__ = [
     "OnDiskCacheHolder",
     "PinMemory",
     "Prefetcher",
+    "RandomResizedCropDecoder",
     "Sampler",
     "ShardExpander",
     "ShardRange",

@@ -81,8 +81,9 @@ class DecoderIterDataPipe(StageIterDataPipe[Sample]):
 
     Args:
         source_datapipe: Samples, as ``webdataset`` yields.
-        image: ``"pil"`` (default), ``"numpy"`` (HWC uint8), ``"torch"`` (CHW uint8), or
-            ``None`` to leave images as bytes.
+        image: ``"pil"`` (default), ``"numpy"`` (HWC uint8), ``"torch"`` (CHW uint8), ``None``
+            to leave images as bytes, or a decoder ``bytes -> value`` for every image field,
+            e.g. ``shardpipes.formats.image.ImageDecoder(256)`` (resized while decoding).
         decoders: Extra or replacement decoders by extension (``"seg"`` or ``".seg"``), each
             a module-level function ``bytes -> value``. A dotted extension (``"seg.png"``)
             applies to that field only, ahead of the decoder of its last part.
@@ -110,17 +111,20 @@ class DecoderIterDataPipe(StageIterDataPipe[Sample]):
         self,
         source_datapipe: Iterable[Sample],
         *,
-        image: ImageMode | None = "pil",
+        image: ImageMode | Callable[[bytes], Any] | None = "pil",
         decoders: Mapping[str, Callable[[bytes], Any]] | None = None,
         allow_pickle: bool = False,
         handler: HandlerLike = "raise",
     ) -> None:
-        if image not in ("pil", "numpy", "torch", None):
+        if not callable(image) and image not in ("pil", "numpy", "torch", None):
             raise ValueError(
                 f"image {image!r} is not known; must be one of 'pil', 'numpy', 'torch', None"
             )
         table = decoder_table(allow_pickle=allow_pickle)
-        if image is not None:
+        if callable(image):
+            check_picklable_fn(image, "image decoder")
+            table.update(dict.fromkeys(IMAGE_EXTENSIONS, image))
+        elif image is not None:
             table.update(dict.fromkeys(IMAGE_EXTENSIONS, _Image(image)))
         for ext, fn in (decoders or {}).items():
             check_picklable_fn(fn, f"decoder for {ext!r}")
