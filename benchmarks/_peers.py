@@ -129,7 +129,7 @@ def jpeg_item(sample: dict) -> dict:
 
 
 def _jpeg(m: dict) -> bool:
-    return m["preset"].get("kind") == "jpeg"
+    return m.get("preset", {}).get("kind") == "jpeg"
 
 
 # --- peers ------------------------------------------------------------------------------------

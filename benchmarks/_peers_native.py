@@ -32,7 +32,7 @@ _ITEM: Callable[[dict], dict] = _work.bytes_item  # set by each peer before its 
 
 
 def item_fn(m: dict) -> Callable[[dict], dict]:
-    return _work.jpeg_item if m["preset"].get("kind") == "jpeg" else _work.bytes_item
+    return _work.jpeg_item if m.get("preset", {}).get("kind") == "jpeg" else _work.bytes_item
 
 
 def collate_items(batch: list[dict]) -> list[dict]:
@@ -175,7 +175,7 @@ def dali(m: dict, workers: int, cfg: dict) -> Made:
     from nvidia.dali import fn, pipeline_def, types
 
     nat = m["native"]["dali"]
-    jpeg = m["preset"].get("kind") == "jpeg"
+    jpeg = m.get("preset", {}).get("kind") == "jpeg"
     fields = ["jpg", "cls"] if jpeg else nat["fields"]
 
     @pipeline_def(batch_size=cfg["batch"], num_threads=max(1, workers), device_id=None, seed=0)

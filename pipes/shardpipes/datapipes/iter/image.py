@@ -11,7 +11,7 @@ from typing import Any, cast
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes._hook_iterator import _SnapshotState
 
-from shardpipes.datapipes.iter._base import StageIterDataPipe, register
+from shardpipes.datapipes.iter.base import StageIterDataPipe, register
 from shardpipes.datapipes.iter.decode import IMAGE_EXTENSIONS
 from shardpipes.errors import DecodeError
 from shardpipes.formats.image import (
