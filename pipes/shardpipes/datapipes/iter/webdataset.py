@@ -351,18 +351,21 @@ class _Grouping:
         lo = spans[0][2]
         hi = spans[-1][2] + spans[-1][3]
         if self.deferred and hi - lo <= _DEFER_BYTES * count:
-            # Each sample's bytes copied once, into one bytes object of its own: a shared
-            # window would stay alive until the last of its samples left the shuffle buffer.
+            # Each sample's fields copied once, one after the other into one bytes object of
+            # its own (not the headers between them): a window shared by many samples would
+            # stay alive until the last of them left the shuffle buffer.
             at = [x[2] for x in spans]
             ends = [x[2] + x[3] for x in spans]
-            firsts = at[::m]
-            windows = list(
-                map(bytes, map(source.__getitem__, map(slice, firsts, ends[m - 1 :: m])))
-            )
-            bounds = []
+            sizes = [x[3] for x in spans]
+            piece = source.__getitem__
+            cols = [list(map(piece, map(slice, at[r::m], ends[r::m]))) for r in range(m)]
+            windows = list(map(b"".join, zip(*cols, strict=True)))
+            bounds: list[list[int]] = []
+            before = [0] * count
             for r in range(m):
-                bounds.append(list(map(operator.sub, at[r::m], firsts)))
-                bounds.append(list(map(operator.sub, ends[r::m], firsts)))
+                upto = list(map(operator.add, before, sizes[r::m]))
+                bounds += [before, upto]
+                before = upto
             out.extend(zip(keys, repeat(member_url), repeat(shape), windows, *bounds))
             return out
         data = [e[1] for e in entries_of(spans, source, base)]
