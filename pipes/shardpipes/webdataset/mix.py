@@ -145,7 +145,7 @@ class RandomMix(DataPipeline):
         super().__init__(_mix(self.datasets, probs, longest, even=False))
 
     @property
-    def one_to_one(self) -> bool:
+    def one_to_one(self) -> bool:  # type: ignore[override]  # a trait read per instance
         """Whether it yields its mixture's items unchanged (no ``with_epoch``/``repeat``)."""
         return self.repetitions == 1 and self.nsamples == -1
 
@@ -165,6 +165,6 @@ class RoundRobin(DataPipeline):
         super().__init__(_mix(self.datasets, None, longest, even=True))
 
     @property
-    def one_to_one(self) -> bool:
+    def one_to_one(self) -> bool:  # type: ignore[override]  # a trait read per instance
         """Whether it yields its mixture's items unchanged (no ``with_epoch``/``repeat``)."""
         return self.repetitions == 1 and self.nsamples == -1
