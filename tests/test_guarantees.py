@@ -168,7 +168,7 @@ def _env(case: Case, shard_files, tmp_path, request) -> dict[str, Any]:
 
 
 def sample_id(sample: dict[str, Any]) -> int:
-    return int(json.loads(bytes(sample[".json"]))["id"])
+    return int(json.loads(bytes(sample[".json"]))["id"])  # a value is a file: bytes(v) is its data
 
 
 def keep(i: int) -> bool:

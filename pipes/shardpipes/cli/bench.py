@@ -9,6 +9,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from shardpipes.formats.stream import StreamBytes
+
 __all__ = ["add_parser", "pipeline", "print_profile", "run", "sample_bytes", "stage_profile"]
 
 
@@ -165,7 +167,7 @@ def sample_bytes(sample: dict[str, Any]) -> int:
     return sum(
         len(v)
         for k, v in sample.items()
-        if not k.startswith("__") and isinstance(v, bytes | bytearray)
+        if not k.startswith("__") and isinstance(v, bytes | bytearray | StreamBytes)
     )
 
 

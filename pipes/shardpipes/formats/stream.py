@@ -3,7 +3,8 @@
 torchdata 0.9's ``load_from_tar`` and ``webdataset()`` yielded file objects, and 0.9 code hands
 them to whatever reads files: ``PIL.Image.open(v)``, ``torch.load(v)``, ``tarfile.open(fileobj=v)``,
 ``np.load(v)``, ``json.load(v)``, ``pickle.load(v)``, ``io.TextIOWrapper(v)``. A ``StreamBytes`` is
-an :class:`io.BytesIO` (so every one of those takes it as the file it is) that is *not* a
+a binary file object (``read``/``readinto``/``seek``/``tell``/lines; registered as an
+:class:`io.BufferedIOBase`), so every one of those takes it as the file it is, and it is *not* a
 ``bytes``: libraries test ``isinstance(x, bytes)`` first and take a ``bytes`` for a file name.
 
 It also answers the ``bytes`` questions shardpipes' docs promised: ``bytes(v)`` (the data,
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import io
 import sys
+from collections.abc import Iterator
 from typing import IO, Any, cast
 
 __all__ = ["StreamBytes", "binary_stream", "raw_bytes"]
@@ -33,8 +35,13 @@ _BYTES_METHODS = frozenset(
 )
 
 
-class StreamBytes(io.BytesIO):
-    """A member's data: an in-memory file (``io.BytesIO``) that also answers like ``bytes``.
+class StreamBytes:
+    """A member's data: a binary file object that also answers like ``bytes``.
+
+    A read-only in-memory file (``read``, ``readinto``, ``readline``, ``seek``, ``tell``, line
+    iteration, ...; an ``io.BufferedIOBase`` to ``isinstance``) over the member's ``bytes``,
+    which it holds as they are: the file's buffer is made on the first partial read or seek and
+    shares them, and ``bytes(v)``/``getvalue()`` return them without a copy.
 
     Examples:
         >>> v = StreamBytes(b"one|two")
@@ -49,25 +56,53 @@ class StreamBytes(io.BytesIO):
         {'a': 1}
     """
 
+    # _pos: None (never read), an int (read whole: the position, no buffer made), or the
+    # io.BytesIO made on the first partial read or seek (it shares _data).
+    __slots__ = ("_data", "_pos")
+
     mode = "rb"
 
+    def __init__(self, data: Any = b"", /) -> None:
+        self._data: bytes = data if type(data) is bytes else bytes(data)
+        self._pos: Any = None
+
+    def _file(self) -> io.BytesIO:
+        pos = self._pos
+        if type(pos) is io.BytesIO:
+            return pos
+        f = io.BytesIO(self._data)
+        if pos:
+            f.seek(pos)
+        self._pos = f
+        return f
+
+    # -- the data ------------------------------------------------------------------------
+
+    def getvalue(self) -> bytes:
+        """The member's data (the ``bytes`` themselves, no copy)."""
+        return self._data
+
+    def getbuffer(self) -> memoryview:
+        """A read-only view of the data."""
+        return memoryview(self._data)
+
     def __bytes__(self) -> bytes:
-        return self.getvalue()  # shares the buffer: no copy
+        return self._data
 
     def __len__(self) -> int:
-        return len(self.getvalue())
+        return len(self._data)
 
     def __getitem__(self, index: Any) -> Any:
-        return self.getvalue()[index]
+        return self._data[index]
 
     def __contains__(self, item: object) -> bool:
-        return item in self.getvalue()  # type: ignore[operator]
+        return item in self._data  # type: ignore[operator]
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, StreamBytes):
-            return self.getvalue() == other.getvalue()
+            return self._data == other._data
         if isinstance(other, bytes | bytearray | memoryview):
-            return self.getvalue() == other
+            return self._data == other
         return NotImplemented
 
     def __ne__(self, other: object) -> bool:
@@ -75,43 +110,92 @@ class StreamBytes(io.BytesIO):
         return eq if eq is NotImplemented else not eq
 
     def __hash__(self) -> int:
-        return hash(self.getvalue())
+        return hash(self._data)
 
     def __add__(self, other: Any) -> bytes:
-        return self.getvalue() + bytes(other)
+        return self._data + bytes(other)
 
     def __radd__(self, other: Any) -> bytes:
-        return bytes(other) + self.getvalue()
+        return bytes(other) + self._data
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.getvalue()!r})"
+        return f"{type(self).__name__}({self._data!r})"
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names the file does not have: the bytes methods, on the data.
         if name in _BYTES_METHODS:
-            return getattr(self.getvalue(), name)
+            return getattr(self._data, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     if sys.version_info >= (3, 12):
 
         def __buffer__(self, flags: int, /) -> memoryview:
-            return memoryview(self.getvalue())
+            return memoryview(self._data)
 
     def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
         """The data decoded as text (as ``bytes.decode``)."""
-        return self.getvalue().decode(encoding, errors)
+        return self._data.decode(encoding, errors)
 
-    def close(self) -> None:
-        """Nothing to release: the data stays readable (0.9 code closes after reading)."""
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (StreamBytes, (self._data,))
 
-    @property
-    def closed(self) -> bool:
-        """``False``: the value is in memory and stays usable."""
-        return False
+    # -- the file ------------------------------------------------------------------------
+
+    def read(self, n: int | None = -1, /) -> bytes:
+        """Read up to ``n`` bytes (all that is left when ``n`` is ``-1`` or ``None``)."""
+        if self._pos is None and (n is None or n < 0):
+            self._pos = len(self._data)  # the usual case: one read() of everything
+            return self._data
+        return self._file().read(n)
+
+    def read1(self, n: int = -1, /) -> bytes:
+        """Same as :meth:`read`."""
+        return self.read(n)
+
+    def readinto(self, buffer: Any, /) -> int:
+        """Read into a writable buffer; return the number of bytes read."""
+        return self._file().readinto(buffer)
+
+    def readinto1(self, buffer: Any, /) -> int:
+        """Same as :meth:`readinto`."""
+        return self._file().readinto(buffer)
+
+    def readline(self, size: int | None = -1, /) -> bytes:
+        """Read one line (up to ``size`` bytes)."""
+        return self._file().readline(size)
+
+    def readlines(self, hint: int | None = -1, /) -> list[bytes]:
+        """Read the remaining lines."""
+        return self._file().readlines(hint)
+
+    def seek(self, offset: int, whence: int = 0, /) -> int:
+        """Move the read position (as ``io.BytesIO.seek``)."""
+        return self._file().seek(offset, whence)
+
+    def tell(self) -> int:
+        """The read position."""
+        pos = self._pos
+        return pos.tell() if type(pos) is io.BytesIO else (pos or 0)
+
+    def readable(self) -> bool:
+        """``True``."""
+        return True
+
+    def seekable(self) -> bool:
+        """``True``."""
+        return True
 
     def writable(self) -> bool:
         """``False``: a member's data is read, never written."""
         return False
+
+    def isatty(self) -> bool:
+        """``False``."""
+        return False
+
+    def fileno(self) -> int:
+        """Refused, as for any in-memory file."""
+        raise io.UnsupportedOperation("fileno: a StreamBytes is in memory")
 
     def write(self, data: Any, /) -> int:
         """Refused: a member's data is read-only."""
@@ -125,13 +209,39 @@ class StreamBytes(io.BytesIO):
         """Refused: a member's data is read-only."""
         raise io.UnsupportedOperation("a StreamBytes is read-only")
 
+    def flush(self) -> None:
+        """Nothing to flush."""
+
+    def close(self) -> None:
+        """Nothing to release: the data stays readable (0.9 code closes after reading)."""
+
+    @property
+    def closed(self) -> bool:
+        """``False``: the value is in memory and stays usable."""
+        return False
+
     @property
     def file_obj(self) -> StreamBytes:
         """The value itself (0.9's ``StreamWrapper.file_obj``)."""
         return self
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (StreamBytes, (self.getvalue(),))
+    def __iter__(self) -> Iterator[bytes]:
+        """The remaining lines, as a file iterates."""
+        return iter(self._file())
+
+    def __next__(self) -> bytes:
+        return next(self._file())
+
+    def __enter__(self) -> StreamBytes:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+# A binary file object to isinstance checks (io.IOBase, io.BufferedIOBase), without being a
+# bytes: libraries that take a bytes for a file name see a file.
+io.BufferedIOBase.register(StreamBytes)
 
 
 def raw_bytes(value: Any) -> Any:

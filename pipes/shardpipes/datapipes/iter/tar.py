@@ -18,7 +18,7 @@ __all__ = ["TarArchiveLoaderIterDataPipe", "TarMember"]
 class TarMember(StreamBytes):
     """One tar member: its bytes, readable as a stream, that also know where they came from.
 
-    As :class:`~shardpipes.formats.stream.StreamBytes` (an ``io.BytesIO``): ``read()``,
+    As :class:`~shardpipes.formats.stream.StreamBytes` (a binary file object): ``read()``,
     ``close()``, ``file_obj``,
     iteration over lines.
 
@@ -28,6 +28,8 @@ class TarMember(StreamBytes):
         offset: Byte offset of the member's first header in the shard.
         data_offset: Byte offset of the member's data in the shard.
     """
+
+    __slots__ = ("data_offset", "name", "offset", "url")
 
     url: str
     name: str
