@@ -97,6 +97,9 @@ def _through_nodes(i: Inputs) -> Any:
 FACTORIES: dict[str, Callable[[Inputs], Any]] = {
     "cycle": lambda i: IterableWrapper(i.items).cycle(2),
     "decode": lambda i: _samples(i).decode(),
+    # the contract's shards hold no images: the stage passes their samples through (the image
+    # path is tests/test_image.py's)
+    "decode_random_resized_crop": lambda i: _samples(i).decode_random_resized_crop(32),
     "fixed_length": lambda i: IterableWrapper(i.items).fixed_length(len(i.items)),
     "fullsync": lambda i: IterableWrapper(i.items).fullsync(),
     "header": lambda i: IterableWrapper(i.items).header(4),
