@@ -284,8 +284,9 @@ class DataLoader2(Generic[T]):
     def _describe(self) -> None:
         if not self._described and self.datapipe is not None:
             # The running graph once there is one: its sharders hold the index the reading
-            # service shared (one read of the descriptor per job); else the user's graph.
-            graph = self._graph if self._graph is not None else self.datapipe
+            # service shared (one read of the descriptor per job); else the user's graph (also
+            # when a 0.9 service's iter_reset_fn made the graph something else).
+            graph = self._graph if isinstance(self._graph, IterDataPipe) else self.datapipe
             self._attest.data = _binding.describe_data(graph)
             self._attest.plan = _binding.describe_plan(
                 self.datapipe, _services(self.reading_service)

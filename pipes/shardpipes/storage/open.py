@@ -24,7 +24,7 @@ from shardpipes.errors import (
     NotAFileError,
     ShardReadError,
 )
-from shardpipes.storage.pipeurl import open_command, resolve_pipe_url
+from shardpipes.storage.pipeurl import open_command
 from shardpipes.storage.remote import open_remote
 from shardpipes.storage.retry import Redactor
 from shardpipes.storage.source import ReadOptions, Source, filesystem, resolve
@@ -154,12 +154,6 @@ def open_url(
         b'hi'
     """
     options = dataclasses.replace(options or ReadOptions(), **read_options)
-    if isinstance(url, str) and url.startswith("pipe:"):  # webdataset's pipe: URLs
-        piped = resolve_pipe_url(url)
-        if piped.command is not None:
-            return open_command(url, piped.command, mode)
-        url = cast(str, piped.url)
-        storage_options = {**piped.storage_options, **(storage_options or {})}
     return open_source(resolve(url, storage_options), mode, options, open_kwargs, queue=queue)
 
 
@@ -172,6 +166,8 @@ def open_source(
     queue: Any = None,
 ) -> IO[Any]:
     """Open a resolved :class:`Source` for reading, as :func:`open_url` does for a URL."""
+    if source.command is not None:  # a pipe: URL whose command the user allowed
+        return open_command(source.url, source.command, mode)
     kwargs = dict(open_kwargs or {})
     url = source.url
     if source.streamed:

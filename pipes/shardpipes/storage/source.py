@@ -25,6 +25,7 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
+from shardpipes.storage.pipeurl import resolve_pipe_url
 from shardpipes.storage.retry import Redactor, RetryPolicy
 
 __all__ = ["ReadOptions", "Source", "filesystem", "resolve"]
@@ -96,17 +97,27 @@ class Source:
         local: On this machine's disk (``LocalFileSystem``): seekable, mappable, renameable.
         streamed: Read through a remote read-ahead stream (not local, not in memory, not a
             chained ``a::b`` URL, which fsspec reads in-process).
+        command: The shell command of a ``pipe:`` URL the user allowed to run, else ``None``
+            (the common ``pipe:`` forms resolve to the URL they read).
     """
 
     def __init__(
-        self, url: str, fs: Any, path: str, storage_options: Mapping[str, Any] | None
+        self,
+        url: str,
+        fs: Any,
+        path: str,
+        storage_options: Mapping[str, Any] | None,
+        command: str | None = None,
     ) -> None:
         self.url = url
         self.fs = fs
         self.path = path
         self.storage_options = storage_options
+        self.command = command
         self.local = isinstance(fs, LocalFileSystem)
-        self.streamed = not (self.local or isinstance(fs, MemoryFileSystem) or "::" in url)
+        self.streamed = command is None and not (
+            self.local or isinstance(fs, MemoryFileSystem) or "::" in url
+        )
 
     @cached_property
     def redactor(self) -> Redactor:
@@ -118,6 +129,17 @@ class Source:
 
 
 def resolve(url: str, storage_options: Mapping[str, Any] | None = None) -> Source:
-    """Resolve ``url`` once: its filesystem and path (``ImportError`` naming a missing extra)."""
+    """Resolve ``url`` once: its filesystem and path (``ImportError`` naming a missing extra).
+
+    A ``pipe:`` URL (webdataset's) resolves to the URL its command reads (``aws s3 cp URL -``,
+    ``gsutil cat URL``, ``curl ... URL``, ``cat PATH``, see :mod:`shardpipes.storage.pipeurl`),
+    or, when the user allowed commands, to the command itself.
+    """
+    if isinstance(url, str) and url.startswith("pipe:"):
+        piped = resolve_pipe_url(url)
+        if piped.command is not None:
+            return Source(url, None, "", storage_options, command=piped.command)
+        url = str(piped.url)
+        storage_options = {**piped.storage_options, **(storage_options or {})}
     fs, path = filesystem(url, storage_options)
     return Source(url, fs, path, storage_options)

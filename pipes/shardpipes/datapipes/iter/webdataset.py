@@ -77,6 +77,8 @@ class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
         [('a', ['.cls', '.txt']), ('b', ['.cls'])]
     """
 
+    range_to_samples = ("members", "samples")
+
     def __init__(
         self,
         source_datapipe: Iterable[tuple[str, IO[bytes]]],
