@@ -305,6 +305,8 @@ def test_mix_elastic_resume_under_distributed_2x2_to_3x1(three):
     assert len({len(full) for full, _, _ in first}) == 1  # equal batches per rank
     full = flat([b for f, _, _ in first for b in f])
     assert {x for x in full if x[0] == "a"} == {f"a{i}" for i in range(32)}
+    # Every rank saves the same position; the binding names the rank that saved it.
+    assert [s["binding"].pop("rank") for _, _, s in first] == [0, 1]
     state = first[0][2]
     assert all(s == state for _, _, s in first)  # the same state on every rank
     tails = run_ranks(_dist_rest, 3, three, state, timeout=200)

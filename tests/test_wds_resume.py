@@ -314,6 +314,8 @@ def test_distributed_resume_same_and_elastic_from_2x2_to_1x3(indexed):
     k = 5
     first_run = run_ranks(rank_first_part, 2, indexed, k)
     states = [state for _, _, state, _, _ in first_run]
+    # Every rank saves the same position; the binding names the rank that saved it.
+    assert [s["binding"].pop("rank") for s in states] == [0, 1]
     assert states[0] == states[1] and states[0]["epoch"] == 1 and states[0]["consumed"] == k
     for full, part, _, same, second in first_run:
         assert len(full) == len(first_run[0][0])  # equal batch counts on the ranks
