@@ -34,7 +34,7 @@ from typing import IO, Any, NamedTuple
 
 from shardpipes.errors import ShardFormatError
 from shardpipes.formats.compression import MAGIC_LENGTH, by_magic, decompress_stream
-from shardpipes.formats.stream import StreamBytes, binary_stream
+from shardpipes.formats.stream import StreamBytes, binary_stream, raw_bytes
 from shardpipes.formats.tarblocks import scan
 from shardpipes.formats.tarheaders import (
     BLOCK,
@@ -160,7 +160,7 @@ def iter_tar_parts(
     if isinstance(opened, tarfile.TarFile):  # torchdata 0.9's decompress() of a .tar.gz
         for entries in _iter_tarfile(opened, url):
             for name, data, offset, data_offset in entries:
-                yield [(name, offset, 0, len(data))], memoryview(data), data_offset
+                yield [(name, offset, 0, len(data))], memoryview(raw_bytes(data)), data_offset
         return
     mapped = _map(stream) if require_end and start_offset == 0 else None
     if mapped is not None and by_magic(mapped[:MAGIC_LENGTH]) is not None:

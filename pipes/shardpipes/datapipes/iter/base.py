@@ -24,10 +24,12 @@ from typing import Any, ClassVar, TypeVar, cast
 
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes._decorator import functional_datapipe
+from torch.utils.data.datapipes._hook_iterator import _SnapshotState
 
 __all__ = [
     "UNITS",
     "PicklesRng",
+    "SeededRng",
     "StageIterDataPipe",
     "check_picklable_fn",
     "in_main_process",
@@ -209,13 +211,33 @@ class PicklesRng:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_rng"] = self._rng.getstate()
+        if "_rng" in state:  # a stage that makes its generator at reset() may have none yet
+            state["_rng"] = self._rng.getstate()
         if IterDataPipe.getstate_hook is not None:
             return cast(dict[str, Any], IterDataPipe.getstate_hook(state))
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        rng = random.Random()
-        rng.setstate(state.pop("_rng"))
+        rng_state = state.pop("_rng", None)
         self.__dict__.update(state)
-        self._rng = rng
+        if rng_state is not None:
+            self._rng = random.Random()
+            self._rng.setstate(rng_state)
+
+
+class SeededRng(PicklesRng):
+    """Mixin: a random stage whose ``self._rng`` is made anew from ``self._seed`` at each ``reset()``.
+
+    The stage's ``set_seed`` (called by the reading services) sets ``_seed``. A graph restored
+    from a snapshot (torch's ``_simple_graph_snapshot_restoration``) continues with the pickled
+    generator state instead of starting the epoch again.
+    """
+
+    _seed: int
+
+    def reset(self) -> None:
+        """Reseed at the start of an iteration (called by torch's iterator hook)."""
+        if getattr(self, "_snapshot_state", None) == _SnapshotState.Restored:
+            self._snapshot_state = _SnapshotState.Iterating
+            return
+        self._rng = random.Random(self._seed)

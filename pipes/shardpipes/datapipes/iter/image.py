@@ -6,12 +6,9 @@ import random
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, cast
+from typing import Any
 
-from torch.utils.data import IterDataPipe
-from torch.utils.data.datapipes._hook_iterator import _SnapshotState
-
-from shardpipes.datapipes.iter.base import StageIterDataPipe, register
+from shardpipes.datapipes.iter.base import SeededRng, StageIterDataPipe, register
 from shardpipes.datapipes.iter.decode import IMAGE_EXTENSIONS
 from shardpipes.errors import DecodeError
 from shardpipes.formats.image import (
@@ -73,7 +70,7 @@ class _Crop:
 
 
 @register("decode_random_resized_crop")
-class RandomResizedCropDecoderIterDataPipe(StageIterDataPipe[Sample]):
+class RandomResizedCropDecoderIterDataPipe(SeededRng, StageIterDataPipe[Sample]):
     r"""Decode image fields straight into a random resized crop, flipped and normalised (functional name: ``decode_random_resized_crop``).
 
     The ImageNet training transform (torchvision's ``RandomResizedCrop(size)`` +
@@ -185,28 +182,6 @@ class RandomResizedCropDecoderIterDataPipe(StageIterDataPipe[Sample]):
         """Seed the next iteration (called by reading services)."""
         self._seed = int(seed)
         return self
-
-    def reset(self) -> None:
-        """Reseed at the start of an iteration."""
-        if getattr(self, "_snapshot_state", None) == _SnapshotState.Restored:
-            self._snapshot_state = _SnapshotState.Iterating
-            return
-        self._rng = random.Random(self._seed)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        if "_rng" in state:
-            state["_rng"] = self._rng.getstate()
-        if IterDataPipe.getstate_hook is not None:
-            return cast(dict[str, Any], IterDataPipe.getstate_hook(state))
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        rng_state = state.pop("_rng", None)
-        self.__dict__.update(state)
-        if rng_state is not None:
-            self._rng = random.Random()
-            self._rng.setstate(rng_state)
 
     def __iter__(self) -> Iterator[Sample]:
         rng = self._rng
