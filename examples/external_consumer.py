@@ -45,7 +45,7 @@ Batch = tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]
 def to_arrays(sample: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One decoded sample -> ``(payload bytes, label, global id)`` as NumPy arrays."""
     return (
-        np.frombuffer(sample[".bin"], dtype=np.uint8).copy(),  # writable, not a view of bytes
+        np.frombuffer(bytes(sample[".bin"]), dtype=np.uint8).copy(),  # writable, not a view
         np.array(sample[".cls"], dtype=np.int64),
         np.array(sample[".json"]["id"], dtype=np.int64),
     )
