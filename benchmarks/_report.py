@@ -10,6 +10,26 @@ __all__ = ["MODE_NAMES", "PEERS", "best_peer", "ratios", "summarise", "table", "
 MODE_NAMES = {0: "in-process"}
 
 
+# Every peer of the benchmark, in the order of its tables and plots (floors first).
+ALL_PEERS = [
+    "cat",
+    "tarfile",
+    "webdataset",
+    "wids",
+    "torchdata09",
+    "torchdata09_dl",
+    "litdata",
+    "mosaic",
+    "energon",
+    "dali",
+    "shardpipes",
+    "shardpipes_dl2",
+    "shardpipes_fused",
+    "shardpipes_fused_t2",
+    "shardpipes_fused_u8",
+]
+
+
 def mode_name(workers: int) -> str:
     return MODE_NAMES.get(workers, f"{workers} workers")
 

@@ -44,23 +44,7 @@ import _data  # noqa: E402
 import _report  # noqa: E402
 import _venv  # noqa: E402
 
-ALL_PEERS = [
-    "cat",
-    "tarfile",
-    "webdataset",
-    "wids",
-    "torchdata09",
-    "torchdata09_dl",
-    "litdata",
-    "mosaic",
-    "energon",
-    "dali",
-    "shardpipes",
-    "shardpipes_dl2",
-    "shardpipes_fused",
-    "shardpipes_fused_t2",
-    "shardpipes_fused_u8",
-]
+ALL_PEERS = _report.ALL_PEERS
 IN_PROCESS_ONLY = {"cat", "s3cat", "tarfile", "shardpipes_dl2", "shardpipes_fused_t2"}
 # shardpipes' crop-decode stage: the same graph as "shardpipes" where there are no images
 JPEG_ONLY = {"shardpipes_fused", "shardpipes_fused_t2", "shardpipes_fused_u8"}

@@ -19,21 +19,7 @@ sys.path.insert(0, HERE)
 
 import _report  # noqa: E402
 
-ORDER = [
-    "webdataset",
-    "wids",
-    "torchdata09",
-    "torchdata09_dl",
-    "litdata",
-    "mosaic",
-    "energon",
-    "dali",
-    "shardpipes",
-    "shardpipes_dl2",
-    "shardpipes_fused",
-    "shardpipes_fused_t2",
-    "shardpipes_fused_u8",
-]
+ORDER = [p for p in _report.ALL_PEERS if p not in ("cat", "tarfile")]  # the loaders
 
 
 def plot(preset: str, rows: dict, out: str, loadavg: str) -> None:
