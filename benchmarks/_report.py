@@ -5,7 +5,16 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable
 
-__all__ = ["ALL_PEERS", "MODE_NAMES", "PEERS", "best_peer", "ratios", "summarise", "table", "targets"]
+__all__ = [
+    "ALL_PEERS",
+    "MODE_NAMES",
+    "PEERS",
+    "best_peer",
+    "ratios",
+    "summarise",
+    "table",
+    "targets",
+]
 
 MODE_NAMES = {0: "in-process"}
 
