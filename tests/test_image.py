@@ -251,3 +251,25 @@ def test_stage_refuses_images_decoded_before_it():
     dp = IterableWrapper([s]).decode().decode_random_resized_crop(32)  # .decode() makes PIL images
     with pytest.raises(TypeError, match=r"'\.jpg' of sample 'k0' is a JpegImageFile.*image=None"):
         list(dp)
+
+
+def test_the_stage_reads_members_straight_from_load_from_tar(tmp_path):
+    # The values webdataset() yields are files (StreamBytes), not bytes: the stage takes them.
+    import tarfile
+
+    path = tmp_path / "a.tar"
+    with tarfile.open(path, "w") as tar:
+        for i, data in enumerate(PHOTOS[:3]):
+            info = tarfile.TarInfo(f"k{i}.jpg")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    dp = (
+        IterableWrapper([str(path)])
+        .open_files_by_fsspec(mode="rb")
+        .load_from_tar()
+        .webdataset()
+        .decode_random_resized_crop(32, exact=True)
+    )
+    got = list(dp)
+    assert [s["__key__"] for s in got] == ["k0", "k1", "k2"]
+    assert all(tuple(s[".jpg"].shape) == (3, 32, 32) for s in got)

@@ -17,6 +17,7 @@ from shardpipes.formats.image import (
     decode_crop_tensor,
     random_resized_crop_box,
 )
+from shardpipes.formats.stream import raw_bytes
 
 __all__ = ["RandomResizedCropDecoderIterDataPipe"]
 
@@ -39,7 +40,7 @@ class _Crop:
         st = self.stage
         out = dict(sample)
         for name in st._fields(sample):
-            value = sample[name]
+            value = raw_bytes(sample[name])  # a member's value is a file: its bytes, no copy
             if not isinstance(value, (bytes, bytearray, memoryview)):
                 raise TypeError(
                     f"{sample.get('__url__', '')}: field {name!r} of sample "
