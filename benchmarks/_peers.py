@@ -171,17 +171,11 @@ def _shardpipes_loader(dp: Any, workers: int) -> Made:
     return dl2, dl2.shutdown, f"shardpipes DataLoader2 + MultiProcessingReadingService({workers})"
 
 
-def shardpipes_fused(m: dict, workers: int, cfg: dict, threads: int = 0) -> Made:
-    """The jpeg preset with shardpipes' own crop-decode stage instead of the shared transform.
-
-    ``.decode_random_resized_crop(224)`` (``shardpipes.formats.image``): the same ImageNet
-    transform (random resized crop, flip, float tensor, normalise) fused with the decode.
-    """
+def _fused_graph(m: dict, cfg: dict, **crop: Any) -> Any:
+    """The jpeg preset's shardpipes graph with ``decode_random_resized_crop(224, **crop)``."""
     from shardpipes.datapipes.iter import IterableWrapper
 
-    if not _jpeg(m):
-        raise ValueError("shardpipes_fused runs on the jpeg preset only (no images elsewhere)")
-    dp = (
+    return (
         IterableWrapper(m["paths"])
         .sharding_filter()
         .open_files_by_fsspec(mode="rb")
@@ -189,9 +183,20 @@ def shardpipes_fused(m: dict, workers: int, cfg: dict, threads: int = 0) -> Made
         .webdataset()
         .decode(image=None)
         .shuffle(buffer_size=cfg["shuffle"])
-        .decode_random_resized_crop(224, threads=threads)
+        .decode_random_resized_crop(224, **crop)
         .batch(cfg["batch"])
     )
+
+
+def shardpipes_fused(m: dict, workers: int, cfg: dict, threads: int = 0) -> Made:
+    """The jpeg preset with shardpipes' own crop-decode stage instead of the shared transform.
+
+    ``.decode_random_resized_crop(224)`` (``shardpipes.formats.image``): the same ImageNet
+    transform (random resized crop, flip, float tensor, normalise) fused with the decode.
+    """
+    if not _jpeg(m):
+        raise ValueError("shardpipes_fused runs on the jpeg preset only (no images elsewhere)")
+    dp = _fused_graph(m, cfg, threads=threads)
     if workers == 0:
         return (
             dp,
@@ -224,21 +229,9 @@ def shardpipes_fused_u8(m: dict, workers: int, cfg: dict) -> Made:
     the main process), with a quarter of the bytes crossing between processes (150 KB per
     sample instead of 600 KB of float32).
     """
-    from shardpipes.datapipes.iter import IterableWrapper
-
     if not _jpeg(m) or not workers:
         raise ValueError("shardpipes_fused_u8 is a workers row of the jpeg preset")
-    dp = (
-        IterableWrapper(m["paths"])
-        .sharding_filter()
-        .open_files_by_fsspec(mode="rb")
-        .load_from_tar()
-        .webdataset()
-        .decode(image=None)
-        .shuffle(buffer_size=cfg["shuffle"])
-        .decode_random_resized_crop(224, mean=None, std=None)
-        .batch(cfg["batch"])
-    )
+    dp = _fused_graph(m, cfg, mean=None, std=None)
     dl, close, what = _shardpipes_loader(dp, workers)
     return _NormaliseAfter(dl), close, what + ", uint8 crops normalised in the main process"
 
