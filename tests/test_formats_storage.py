@@ -325,3 +325,31 @@ def test_shard_writer_members_are_plain_ustar_sized(tmp_path):
     with open(tmp_path / "s-0.tar", "rb") as f:
         entries = list(iter_tar(f, "s-0"))
     assert [e.offset for e in entries] == [0, 1024, 2048]
+
+
+def test_samples_read_by_webdataset_are_written_again_as_they_are(tmp_path):
+    # A member read by webdataset() is a file (StreamBytes); the writer takes its bytes.
+    with ShardWriter(os.fspath(tmp_path / "src-%d.tar")) as w:
+        for i in range(3):
+            w.write({"__key__": f"k{i}", ".bin": bytes([i]) * 5, ".cls": i})
+    read = list(
+        IterableWrapper([os.fspath(tmp_path / "src-0.tar")])
+        .open_files_by_fsspec(mode="rb")
+        .load_from_tar()
+        .webdataset()
+    )
+    with ShardWriter(os.fspath(tmp_path / "copy-%d.tar")) as w:
+        for sample in read:
+            w.write({k: v for k, v in sample.items() if k != "__url__"})
+    with open(tmp_path / "src-0.tar", "rb") as a, open(tmp_path / "copy-0.tar", "rb") as b:
+        names_a = [e.name for e in iter_tar(a, "a")]
+        names_b = [e.name for e in iter_tar(b, "b")]
+    assert names_a == names_b == [f"k{i}{x}" for i in range(3) for x in (".bin", ".cls")]
+    copied = list(
+        IterableWrapper([os.fspath(tmp_path / "copy-0.tar")])
+        .open_files_by_fsspec(mode="rb")
+        .load_from_tar()
+        .webdataset()
+    )
+    assert [bytes(s[".bin"]) for s in copied] == [bytes([i]) * 5 for i in range(3)]
+    assert [bytes(s[".cls"]) for s in copied] == [b"0", b"1", b"2"]

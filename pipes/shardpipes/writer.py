@@ -14,6 +14,7 @@ import numbers
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from shardpipes.formats.stream import raw_bytes
 from shardpipes.formats.tarwrite import TarMemberWriter
 from shardpipes.storage.write import AtomicFile, write_atomic
 
@@ -22,6 +23,7 @@ __all__ = ["ShardSeries", "ShardWriter", "encode_value"]
 
 def encode_value(ext: str, value: Any) -> bytes:
     """Encode one field for ``ext`` (``".cls"`` or ``"cls"``, ``".json"``, ...) as bytes."""
+    value = raw_bytes(value)  # a member read by webdataset() (a file): its bytes, no copy
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value)
     if isinstance(value, str):
