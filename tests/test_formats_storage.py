@@ -29,6 +29,7 @@ from shardpipes.storage.write import write_atomic
 from shardpipes.webdataset import autodecode, utils
 from shardpipes.webdataset.wids import default_decoder as wids_decoder
 from shardpipes.webdataset.writer import ShardWriter as WdsShardWriter
+from shardpipes.webdataset.writer import TarWriter as WdsTarWriter
 from shardpipes.writer import ShardWriter
 
 COMPRESS = {"gzip": gzip.compress, "bzip2": bz2.compress, "xz": lzma.compress}
@@ -353,3 +354,9 @@ def test_samples_read_by_webdataset_are_written_again_as_they_are(tmp_path):
     )
     assert [bytes(s[".bin"]) for s in copied] == [bytes([i]) * 5 for i in range(3)]
     assert [bytes(s[".cls"]) for s in copied] == [b"0", b"1", b"2"]
+    # webdataset's TarWriter (dot-less field names) takes them as bytes too.
+    with WdsTarWriter(os.fspath(tmp_path / "wds.tar")) as w:
+        for sample in read:
+            w.write({"__key__": sample["__key__"], "bin": sample[".bin"]})
+    with open(tmp_path / "wds.tar", "rb") as f:
+        assert [bytes(e.data) for e in iter_tar(f, "wds")] == [bytes([i]) * 5 for i in range(3)]

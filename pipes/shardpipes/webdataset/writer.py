@@ -24,6 +24,7 @@ from typing import Any, cast
 import numpy as np
 
 from shardpipes.formats.compression import CODECS, by_suffix
+from shardpipes.formats.stream import raw_bytes
 from shardpipes.formats.tarwrite import TarMemberWriter
 from shardpipes.storage.write import write_atomic
 from shardpipes.webdataset.gopen import gopen
@@ -134,6 +135,7 @@ def encode_based_on_extension1(
     compress = tname.endswith(".gz")
     if compress:
         tname = tname[:-3]
+    data = raw_bytes(data)  # a member read by shardpipes' webdataset() (a file): its bytes
     if isinstance(data, bytes):
         result = data
     elif isinstance(data, str):
