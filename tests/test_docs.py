@@ -169,7 +169,9 @@ def _run(block: Block, cmd: list[str], cwd: Path) -> str:
     script = cwd / "snippet.py"
     script.write_text(block.code, encoding="utf-8")
     env = dict(os.environ)
-    env.pop("PYTHONPATH", None)  # the snippet sees shardpipes as a user would: installed
+    # The snippet sees shardpipes as a user would: the package, not the tests' helpers. It is
+    # this checkout's package (its pipes/ first), so a git worktree tests its own code.
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent / "pipes")
     try:
         proc = subprocess.run(
             [*cmd, str(script.name)],

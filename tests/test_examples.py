@@ -39,7 +39,9 @@ TIMEOUT = 240  # seconds for one example run; longer is a hang
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    env.pop("PYTHONPATH", None)  # the example sees shardpipes as a user would: installed
+    # The example sees shardpipes as a user would: the package, not the tests' helpers. It is
+    # this checkout's package (its pipes/ first), so a git worktree tests its own code.
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent / "pipes")
     env["GLOO_SOCKET_IFNAME"] = "lo"  # ranks talk over loopback only
     env["PYTHONUNBUFFERED"] = "1"  # output up to a hang or crash is shown
     # moto accepts the example's dummy keys; keep real AWS settings out of the way.
