@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shardpipes.cli import main
+from shardpipes.cli import COMMANDS, build_parser, main
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.index import ShardIndex
 
@@ -284,3 +285,29 @@ def test_console_script_help():
     assert result.returncode == 0, result.stderr
     for command in ("demo", "write", "index", "inspect", "splits", "bench"):
         assert re.search(rf"^\s+{command}\s", result.stdout, re.MULTILINE), command
+
+
+# --- registration --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_each_subcommand_module_declares_the_command_it_is_named_for(name, capsys):
+    module = importlib.import_module(f"shardpipes.cli.{name}")
+    assert module.COMMAND.name == name
+    with pytest.raises(SystemExit) as exit_info:
+        main([name, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: shardpipes {name} ")
+    assert module.COMMAND.description.split()[0] in out
+    for a in module.COMMAND.args:  # every declared argument reaches the parser
+        shown = (
+            a.names[-1] if a.names[-1].startswith("-") else a.options.get("metavar", a.names[-1])
+        )
+        assert shown in out
+
+
+def test_the_parsed_arguments_call_the_module_run():
+    args = build_parser().parse_args(["inspect", "x.tar", "-n", "3"])
+    assert args.func is importlib.import_module("shardpipes.cli.inspect").run
+    assert (args.url, args.n) == ("x.tar", 3)

@@ -1,7 +1,9 @@
 """The ``shardpipes`` command line: one module per subcommand.
 
-Each module in :data:`COMMANDS` defines ``add_parser(subparsers)`` (which sets ``func``) and a
-``run(args) -> int``. The CLI imports the library; the library never imports the CLI.
+Each module in :data:`COMMANDS` declares its subcommand as data, ``COMMAND`` (a
+:class:`~shardpipes.cli._command.Command`: name, help texts, arguments), and defines a
+``run(args) -> int``; :func:`build_parser` registers them all the same way. The CLI imports the
+library; the library never imports the CLI.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
+
+from shardpipes.cli._command import register
 
 __all__ = ["COMMANDS", "main"]
 
@@ -35,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
             if exc.name != f"shardpipes.cli.{name}":
                 raise
             continue  # a subcommand not built yet
-        module.add_parser(sub)
+        register(sub, module.COMMAND, module.run)
     return parser
 
 

@@ -9,68 +9,65 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from shardpipes.cli._command import NO_PROGRESS, Command, arg, flag
 from shardpipes.formats.stream import StreamBytes
 
-__all__ = ["add_parser", "pipeline", "print_profile", "run", "sample_bytes", "stage_profile"]
+__all__ = ["COMMAND", "pipeline", "print_profile", "run", "sample_bytes", "stage_profile"]
 
-
-def add_parser(sub: Any) -> None:
-    """Register ``bench``."""
-    p = sub.add_parser(
-        "bench",
-        help="measure reading speed (samples/s, MB/s) with a progress bar",
-        description="Streams the shards through open_files_by_fsspec -> load_from_tar -> "
-        "webdataset -> batch (no decoding), in this process (--workers 0) or with DataLoader2 "
-        "and MultiProcessingReadingService, and prints samples/s and MB/s of sample payload.",
-    )
-    p.add_argument(
-        "urls",
-        nargs="+",
-        metavar="URL",
-        help="shards (paths, URLs, brace patterns, globs, folders)",
-    )
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=0,
-        help="worker processes; 0 reads in this process (default: 0)",
-    )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=64,
-        help="samples per batch, made in the workers (default: 64)",
-    )
-    p.add_argument("--epochs", type=int, default=1, help="passes over the data (default: 1)")
-    p.add_argument(
-        "--limit",
-        type=int,
-        default=0,
-        help="stop each epoch after this many samples (default: all)",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument(
-        "--shuffle-buffer",
-        type=int,
-        default=0,
-        metavar="N",
-        help="add the sample shuffle, shuffle(buffer_size=N), before the batch (default: none)",
-    )
-    p.add_argument("--decode", action="store_true", help="add decode() after webdataset()")
-    p.add_argument(
-        "--index",
-        action="store_true",
-        help="split by samples with the shard index (sharding_by_index) instead of "
-        "sharding_filter (build it first with `shardpipes index`)",
-    )
-    p.add_argument(
-        "--profile",
-        action="store_true",
-        help="print where the time goes: the CPU cost per sample of each stage of the "
-        "pipeline, in this process (each stage measured as the pipeline up to it, run as "
-        "DataLoader2 runs it, minus the pipeline before it)",
-    )
-    p.set_defaults(func=run)
+COMMAND = Command(
+    "bench",
+    help="measure reading speed (samples/s, MB/s) with a progress bar",
+    description="Streams the shards through open_files_by_fsspec -> load_from_tar -> "
+    "webdataset -> batch (no decoding), in this process (--workers 0) or with DataLoader2 "
+    "and MultiProcessingReadingService, and prints samples/s and MB/s of sample payload.",
+    args=(
+        arg(
+            "urls",
+            nargs="+",
+            metavar="URL",
+            help="shards (paths, URLs, brace patterns, globs, folders)",
+        ),
+        arg(
+            "--workers",
+            type=int,
+            default=0,
+            help="worker processes; 0 reads in this process (default: 0)",
+        ),
+        arg(
+            "--batch-size",
+            type=int,
+            default=64,
+            help="samples per batch, made in the workers (default: 64)",
+        ),
+        arg("--epochs", type=int, default=1, help="passes over the data (default: 1)"),
+        arg(
+            "--limit",
+            type=int,
+            default=0,
+            help="stop each epoch after this many samples (default: all)",
+        ),
+        NO_PROGRESS,
+        arg(
+            "--shuffle-buffer",
+            type=int,
+            default=0,
+            metavar="N",
+            help="add the sample shuffle, shuffle(buffer_size=N), before the batch (default: none)",
+        ),
+        flag("--decode", help="add decode() after webdataset()"),
+        flag(
+            "--index",
+            help="split by samples with the shard index (sharding_by_index) instead of "
+            "sharding_filter (build it first with `shardpipes index`)",
+        ),
+        flag(
+            "--profile",
+            help="print where the time goes: the CPU cost per sample of each stage of the "
+            "pipeline, in this process (each stage measured as the pipeline up to it, run as "
+            "DataLoader2 runs it, minus the pipeline before it)",
+        ),
+    ),
+)
 
 
 def pipeline(

@@ -9,27 +9,27 @@ import tempfile
 import time
 from typing import Any
 
-__all__ = ["add_parser", "pipeline", "run"]
+from shardpipes.cli._command import Command, arg
 
+__all__ = ["COMMAND", "pipeline", "run"]
 
-def add_parser(sub: Any) -> None:
-    """Register ``demo``."""
-    p = sub.add_parser(
-        "demo",
-        help="make a small dataset and stream it through the full distributed pipeline",
-        description="Writes synthetic shards to a temporary folder and streams them with "
-        "DataLoader2 on WORLD local ranks (torch.distributed, gloo on 127.0.0.1) x WORKERS "
-        "worker processes, then prints per-rank counts and throughput.",
-    )
-    p.add_argument("--shards", type=int, default=8, help="number of shards (default: 8)")
-    p.add_argument("--samples", type=int, default=2000, help="samples per shard (default: 2000)")
-    p.add_argument("--batch-size", type=int, default=64, help="batch size (default: 64)")
-    p.add_argument(
-        "--world", type=int, default=2, help="local ranks; 1 runs in this process (default: 2)"
-    )
-    p.add_argument("--workers", type=int, default=2, help="worker processes per rank (default: 2)")
-    p.add_argument("--epochs", type=int, default=2, help="epochs (default: 2)")
-    p.set_defaults(func=run)
+COMMAND = Command(
+    "demo",
+    help="make a small dataset and stream it through the full distributed pipeline",
+    description="Writes synthetic shards to a temporary folder and streams them with "
+    "DataLoader2 on WORLD local ranks (torch.distributed, gloo on 127.0.0.1) x WORKERS "
+    "worker processes, then prints per-rank counts and throughput.",
+    args=(
+        arg("--shards", type=int, default=8, help="number of shards (default: 8)"),
+        arg("--samples", type=int, default=2000, help="samples per shard (default: 2000)"),
+        arg("--batch-size", type=int, default=64, help="batch size (default: 64)"),
+        arg(
+            "--world", type=int, default=2, help="local ranks; 1 runs in this process (default: 2)"
+        ),
+        arg("--workers", type=int, default=2, help="worker processes per rank (default: 2)"),
+        arg("--epochs", type=int, default=2, help="epochs (default: 2)"),
+    ),
+)
 
 
 def sample_key(sample: dict[str, Any]) -> str:

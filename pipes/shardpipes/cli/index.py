@@ -8,51 +8,47 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterable
-from typing import Any
 
-__all__ = ["add_parser", "format_bytes", "run", "shard_urls"]
+from shardpipes.cli._command import NO_PROGRESS, Command, arg, flag
+
+__all__ = ["COMMAND", "format_bytes", "run", "shard_urls"]
 
 _GLOB_CHARS = frozenset("*?[")
 
-
-def add_parser(sub: Any) -> None:
-    """Register ``index``."""
-    p = sub.add_parser(
-        "index",
-        help="scan shards and write their sample index (a sidecar JSON and sample files)",
-        description="Scans the shards (streaming, several at a time) and writes their index: a "
-        "JSON descriptor with one line per shard (URL, sample count, size) and, in the folder "
-        "next to it, one small file per shard with its samples' keys and byte ranges, written "
-        "as each shard is scanned. Shards whose sample file is already there (same URL, same "
-        "size) are not read again: an interrupted run continues, and --add adds shards to an "
-        "existing index. With it the loader knows the dataset size, splits epochs exactly by "
-        "sample ranges and reads ranges with one seek or range request. See "
-        "docs/index-format.md.",
-    )
-    p.add_argument(
-        "urls",
-        nargs="+",
-        metavar="URL",
-        help="shards: paths or fsspec URLs, brace patterns (train-{000000..000099}.tar), "
-        "globs, or folders (their .tar files)",
-    )
-    p.add_argument(
-        "-o",
-        "--output",
-        metavar="OUT",
-        help="index file to write; '.gz' compresses (default: <shard folder>/<name prefix>.index.json)",
-    )
-    p.add_argument("--workers", type=int, default=8, help="shards scanned at once (default: 8)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument(
-        "--add",
-        action="store_true",
-        help="keep the shards of the existing index OUT and add the given shards not in it",
-    )
-    p.add_argument(
-        "--rebuild", action="store_true", help="read every shard again, whatever is on disk"
-    )
-    p.set_defaults(func=run)
+COMMAND = Command(
+    "index",
+    help="scan shards and write their sample index (a sidecar JSON and sample files)",
+    description="Scans the shards (streaming, several at a time) and writes their index: a "
+    "JSON descriptor with one line per shard (URL, sample count, size) and, in the folder "
+    "next to it, one small file per shard with its samples' keys and byte ranges, written "
+    "as each shard is scanned. Shards whose sample file is already there (same URL, same "
+    "size) are not read again: an interrupted run continues, and --add adds shards to an "
+    "existing index. With it the loader knows the dataset size, splits epochs exactly by "
+    "sample ranges and reads ranges with one seek or range request. See "
+    "docs/index-format.md.",
+    args=(
+        arg(
+            "urls",
+            nargs="+",
+            metavar="URL",
+            help="shards: paths or fsspec URLs, brace patterns (train-{000000..000099}.tar), "
+            "globs, or folders (their .tar files)",
+        ),
+        arg(
+            "-o",
+            "--output",
+            metavar="OUT",
+            help="index file to write; '.gz' compresses (default: <shard folder>/<name prefix>.index.json)",
+        ),
+        arg("--workers", type=int, default=8, help="shards scanned at once (default: 8)"),
+        NO_PROGRESS,
+        flag(
+            "--add",
+            help="keep the shards of the existing index OUT and add the given shards not in it",
+        ),
+        flag("--rebuild", help="read every shard again, whatever is on disk"),
+    ),
+)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,27 +3,26 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-__all__ = ["add_parser", "run"]
+from shardpipes.cli._command import Command, arg
 
+__all__ = ["COMMAND", "run"]
 
-def add_parser(sub: Any) -> None:
-    """Register ``inspect``."""
-    p = sub.add_parser(
-        "inspect",
-        help="show the first samples of a shard, or summarize an index file",
-        description="For a shard: the key, byte offset, size and fields (with their sizes) of "
-        "its first samples, read as a stream (only what is shown is read). For an index file "
-        "(.json, .json.gz): its shards and sample counts.",
-    )
-    p.add_argument(
-        "url", metavar="URL", help="a shard (or a brace pattern: its first shard) or an index file"
-    )
-    p.add_argument(
-        "-n", type=int, default=5, help="samples (or shards of an index) to show (default: 5)"
-    )
-    p.set_defaults(func=run)
+COMMAND = Command(
+    "inspect",
+    help="show the first samples of a shard, or summarize an index file",
+    description="For a shard: the key, byte offset, size and fields (with their sizes) of "
+    "its first samples, read as a stream (only what is shown is read). For an index file "
+    "(.json, .json.gz): its shards and sample counts.",
+    args=(
+        arg(
+            "url",
+            metavar="URL",
+            help="a shard (or a brace pattern: its first shard) or an index file",
+        ),
+        arg("-n", type=int, default=5, help="samples (or shards of an index) to show (default: 5)"),
+    ),
+)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,50 +11,50 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any
 
-__all__ = ["add_parser", "run"]
+from shardpipes.cli._command import WORLD, Command, arg, flag
+from shardpipes.plan.partition import POLICIES
 
+__all__ = ["COMMAND", "run"]
 
-def add_parser(sub: Any) -> None:
-    """Register ``splits``."""
-    from shardpipes.plan.partition import POLICIES
-
-    p = sub.add_parser(
-        "splits",
-        help="show which rank and worker reads which shards or sample ranges",
-        description="Prints, for one epoch, each reader's shards or sample ranges and counts, "
-        "the total per rank, and a warning when readers would idle or ranks differ. With an "
-        "index the split is exact and sample-level; without one it is shard-level.",
-    )
-    p.add_argument(
-        "urls",
-        nargs="*",
-        metavar="URL",
-        help="shards (patterns, globs, folders); default: all of --index",
-    )
-    p.add_argument("--world", type=int, required=True, metavar="R", help="ranks")
-    p.add_argument(
-        "--workers",
-        type=int,
-        required=True,
-        metavar="W",
-        help="workers per rank (0: the rank's main process)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="loader seed (default: 0)")
-    p.add_argument("--epoch", type=int, default=0, help="epoch (default: 0)")
-    p.add_argument(
-        "--index", metavar="F", help="index file (default: the sidecar next to the shards, if any)"
-    )
-    p.add_argument("--no-index", action="store_true", help="ignore any index: shard-level split")
-    p.add_argument(
-        "--policy",
-        choices=POLICIES,
-        default="drop",
-        help="with an index: drop or pad the remainder (default: drop)",
-    )
-    p.add_argument("--no-shuffle", action="store_true", help="keep the shard order")
-    p.set_defaults(func=run)
+COMMAND = Command(
+    "splits",
+    help="show which rank and worker reads which shards or sample ranges",
+    description="Prints, for one epoch, each reader's shards or sample ranges and counts, "
+    "the total per rank, and a warning when readers would idle or ranks differ. With an "
+    "index the split is exact and sample-level; without one it is shard-level.",
+    args=(
+        arg(
+            "urls",
+            nargs="*",
+            metavar="URL",
+            help="shards (patterns, globs, folders); default: all of --index",
+        ),
+        WORLD,
+        arg(
+            "--workers",
+            type=int,
+            required=True,
+            metavar="W",
+            help="workers per rank (0: the rank's main process)",
+        ),
+        arg("--seed", type=int, default=0, help="loader seed (default: 0)"),
+        arg("--epoch", type=int, default=0, help="epoch (default: 0)"),
+        arg(
+            "--index",
+            metavar="F",
+            help="index file (default: the sidecar next to the shards, if any)",
+        ),
+        flag("--no-index", help="ignore any index: shard-level split"),
+        arg(
+            "--policy",
+            choices=POLICIES,
+            default="drop",
+            help="with an index: drop or pad the remainder (default: drop)",
+        ),
+        flag("--no-shuffle", help="keep the shard order"),
+    ),
+)
 
 
 def _label(reader: int, workers: int) -> str:

@@ -4,28 +4,27 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
-__all__ = ["add_parser", "run"]
+from shardpipes.cli._command import WORLD, Command, arg
 
+__all__ = ["COMMAND", "run"]
 
-def add_parser(sub: Any) -> None:
-    """Register ``verify``."""
-    p = sub.add_parser(
-        "verify",
-        help="replay a run's plan: samples expected, read, duplicated, missing per epoch",
-        description="Given the index, the topology and the run's loader states (JSON, in the "
-        "order they were saved) and/or the id logs of dl.attest(log_dir=...), print per epoch "
-        "the samples expected, read, read twice and never read. Exit status 1 if any.",
-    )
-    p.add_argument("index", help="the index file")
-    p.add_argument("states", nargs="*", help="loader states (JSON), in the order saved")
-    p.add_argument("--world", type=int, required=True, metavar="R", help="ranks")
-    p.add_argument("--workers", type=int, default=0, metavar="W", help="workers per rank")
-    p.add_argument("--batch-size", type=int, required=True, metavar="B")
-    p.add_argument("--policy", choices=("drop", "pad"), default="drop")
-    p.add_argument("--logs", metavar="DIR", help="the folder of the ids-rank*.bin logs")
-    p.set_defaults(func=run)
+COMMAND = Command(
+    "verify",
+    help="replay a run's plan: samples expected, read, duplicated, missing per epoch",
+    description="Given the index, the topology and the run's loader states (JSON, in the "
+    "order they were saved) and/or the id logs of dl.attest(log_dir=...), print per epoch "
+    "the samples expected, read, read twice and never read. Exit status 1 if any.",
+    args=(
+        arg("index", help="the index file"),
+        arg("states", nargs="*", help="loader states (JSON), in the order saved"),
+        WORLD,
+        arg("--workers", type=int, default=0, metavar="W", help="workers per rank"),
+        arg("--batch-size", type=int, required=True, metavar="B"),
+        arg("--policy", choices=("drop", "pad"), default="drop"),
+        arg("--logs", metavar="DIR", help="the folder of the ids-rank*.bin logs"),
+    ),
+)
 
 
 def run(args: argparse.Namespace) -> int:

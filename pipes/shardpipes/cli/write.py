@@ -13,38 +13,11 @@ import posixpath
 import re
 from typing import Any
 
-__all__ = ["add_parser", "collect_samples", "parse_size", "run"]
+from shardpipes.cli._command import Command, arg
+
+__all__ = ["COMMAND", "collect_samples", "parse_size", "run"]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
-
-
-def add_parser(sub: Any) -> None:
-    """Register ``write``."""
-    p = sub.add_parser(
-        "write",
-        help="pack files (or folders of files) into tar shards",
-        description="Groups files into samples by basename (key = path up to the first dot of "
-        "the file name, relative to the folder given; field = the rest, e.g. '.jpg') and writes "
-        "them, in key order, into numbered tar shards.",
-    )
-    p.add_argument("inputs", nargs="+", metavar="INPUT", help="files or folders (read recursively)")
-    p.add_argument(
-        "-o",
-        "--output",
-        required=True,
-        metavar="PATTERN",
-        help="shard path or URL with a %%d placeholder, e.g. 'out/train-%%06d.tar'",
-    )
-    p.add_argument(
-        "--maxcount", type=int, default=10_000, help="samples per shard at most (default: 10000)"
-    )
-    p.add_argument(
-        "--maxsize",
-        type=parse_size,
-        default=parse_size("1GB"),
-        help="bytes per shard at most: 500MB, 1GiB, 2000000 ... (default: 1GB)",
-    )
-    p.set_defaults(func=run)
 
 
 def parse_size(text: str) -> int:
@@ -63,6 +36,37 @@ def parse_size(text: str) -> int:
     number, unit, binary = m.groups()
     power = " kmgt".index(unit.lower() or " ")
     return int(float(number) * (1024 if binary else 1000) ** power)
+
+
+COMMAND = Command(
+    "write",
+    help="pack files (or folders of files) into tar shards",
+    description="Groups files into samples by basename (key = path up to the first dot of "
+    "the file name, relative to the folder given; field = the rest, e.g. '.jpg') and writes "
+    "them, in key order, into numbered tar shards.",
+    args=(
+        arg("inputs", nargs="+", metavar="INPUT", help="files or folders (read recursively)"),
+        arg(
+            "-o",
+            "--output",
+            required=True,
+            metavar="PATTERN",
+            help="shard path or URL with a %%d placeholder, e.g. 'out/train-%%06d.tar'",
+        ),
+        arg(
+            "--maxcount",
+            type=int,
+            default=10_000,
+            help="samples per shard at most (default: 10000)",
+        ),
+        arg(
+            "--maxsize",
+            type=parse_size,
+            default=parse_size("1GB"),
+            help="bytes per shard at most: 500MB, 1GiB, 2000000 ... (default: 1GB)",
+        ),
+    ),
+)
 
 
 def collect_samples(inputs: list[str]) -> list[tuple[str, list[tuple[str, str]]]]:
