@@ -17,7 +17,7 @@ Examples:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -85,6 +85,7 @@ class ReadOptions:
         return RetryPolicy(retries=self.retries, backoff=self.backoff, timeout=self.timeout)
 
 
+@dataclass(eq=False, repr=False)  # identity, and a repr without the URL's secrets
 class Source:
     """A URL resolved once: what every storage reader and writer needs to reach its bytes.
 
@@ -101,22 +102,18 @@ class Source:
             (the common ``pipe:`` forms resolve to the URL they read).
     """
 
-    def __init__(
-        self,
-        url: str,
-        fs: Any,
-        path: str,
-        storage_options: Mapping[str, Any] | None,
-        command: str | None = None,
-    ) -> None:
-        self.url = url
-        self.fs = fs
-        self.path = path
-        self.storage_options = storage_options
-        self.command = command
-        self.local = isinstance(fs, LocalFileSystem)
-        self.streamed = command is None and not (
-            self.local or isinstance(fs, MemoryFileSystem) or "::" in url
+    url: str
+    fs: Any
+    path: str
+    storage_options: Mapping[str, Any] | None
+    command: str | None = None
+    local: bool = field(init=False)
+    streamed: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.local = isinstance(self.fs, LocalFileSystem)
+        self.streamed = self.command is None and not (
+            self.local or isinstance(self.fs, MemoryFileSystem) or "::" in self.url
         )
 
     @cached_property

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import KW_ONLY, dataclass
 from itertools import islice
 from typing import Any, cast
 
@@ -122,25 +123,17 @@ class _GroupingPolicy:
         return self.handler(exc)
 
 
+@dataclass(eq=False, repr=False)  # a stage: identity, and no storage_options in a repr
 class TarfileToSamples:
     """The ``wds.tarfile_to_samples(...)`` stage: the shardpipes tar reader, webdataset's samples."""
 
-    def __init__(
-        self,
-        handler: Callable[[BaseException], bool] = reraise_exception,
-        select_files: Any = None,
-        rename_files: Any = None,
-        *,
-        cache_dir: str | None = None,
-        cache_size: int = -1,
-        storage_options: Any = None,
-    ) -> None:
-        self.handler = handler
-        self.select_files = select_files
-        self.rename_files = rename_files
-        self.cache_dir = cache_dir
-        self.cache_size = cache_size
-        self.storage_options = storage_options
+    handler: Callable[[BaseException], bool] = reraise_exception
+    select_files: Any = None
+    rename_files: Any = None
+    _: KW_ONLY
+    cache_dir: str | None = None
+    cache_size: int = -1
+    storage_options: Any = None
 
     def build(self, urls: IterDataPipe[Any]) -> IterDataPipe[Any]:
         """Append the reader to a graph of shard-list items (or of ``sharding_by_index``'s ranges).

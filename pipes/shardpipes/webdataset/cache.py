@@ -15,6 +15,7 @@ import sys
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
@@ -104,23 +105,16 @@ def url_to_cache_name(url: str, ndir: int = 0) -> str:
     return urllib.parse.quote(url, safe="_+{}*,-")[-128:]
 
 
+@dataclass(eq=False)  # compared by identity, as webdataset's
 class LRUCleanup:
     """Keep the files under ``cache_dir`` below ``cache_size`` bytes, deleting the oldest first."""
 
-    def __init__(
-        self,
-        cache_dir: str | None = None,
-        cache_size: float = int(1e12),
-        keyfn: Callable[[str], float] = os.path.getctime,
-        verbose: bool = False,
-        interval: float | None = 30,
-    ) -> None:
-        self.cache_dir = cache_dir
-        self.cache_size = cache_size
-        self.keyfn = keyfn
-        self.verbose = verbose
-        self.interval = interval
-        self.last_run = 0.0
+    cache_dir: str | None = None
+    cache_size: float = int(1e12)
+    keyfn: Callable[[str], float] = os.path.getctime
+    verbose: bool = False
+    interval: float | None = 30
+    last_run: float = field(default=0.0, init=False)
 
     def set_cache_dir(self, cache_dir: str) -> None:
         """Use ``cache_dir``."""
