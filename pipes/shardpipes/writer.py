@@ -12,13 +12,13 @@ import io
 import json
 import numbers
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from shardpipes.formats.stream import raw_bytes
 from shardpipes.formats.tarwrite import TarMemberWriter
 from shardpipes.storage.write import AtomicFile, write_atomic
 
-__all__ = ["ShardSeries", "ShardWriter", "encode_value"]
+__all__ = ["ClosesOnExit", "ShardSeries", "ShardWriter", "encode_value"]
 
 
 def encode_value(ext: str, value: Any) -> bytes:
@@ -43,6 +43,23 @@ def encode_value(ext: str, value: Any) -> bytes:
         np.save(buf, np.asarray(value), allow_pickle=False)
         return buf.getvalue()
     raise TypeError(f"field {ext!r}: cannot encode {type(value).__name__}; pass bytes")
+
+
+_W = TypeVar("_W", bound="ClosesOnExit")
+
+
+class ClosesOnExit:
+    """``with writer:`` calls ``writer.close()`` at the end: the context protocol of the writers."""
+
+    def close(self) -> None:
+        """Finish writing."""
+        raise NotImplementedError
+
+    def __enter__(self: _W) -> _W:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class ShardSeries:
@@ -96,7 +113,7 @@ class ShardSeries:
             file.close()
 
 
-class ShardWriter:
+class ShardWriter(ClosesOnExit):
     """Write samples to numbered shards, starting a new shard at ``maxcount`` samples or ``maxsize`` bytes.
 
     A local shard is written under a temporary name beside it (``<name>.partial``) and renamed
@@ -198,9 +215,3 @@ class ShardWriter:
     def close(self) -> None:
         """Finish the current shard."""
         self._close_shard()
-
-    def __enter__(self) -> ShardWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -28,7 +28,7 @@ from shardpipes.formats.stream import raw_bytes
 from shardpipes.formats.tarwrite import TarMemberWriter
 from shardpipes.storage.write import write_atomic
 from shardpipes.webdataset.gopen import gopen
-from shardpipes.writer import ShardSeries, encode_value
+from shardpipes.writer import ClosesOnExit, ShardSeries, encode_value
 
 logger = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ def make_encoder(spec: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
     raise ValueError(f"{spec}: unknown encoder spec")
 
 
-class TarWriter:
+class TarWriter(ClosesOnExit):
     """Write samples (dicts with ``__key__``) to one tar file or stream.
 
     Args:
@@ -270,14 +270,8 @@ class TarWriter:
             self.own_fileobj.close()  # put in place: a local file is renamed when complete
             self.own_fileobj = None
 
-    def __enter__(self) -> TarWriter:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class ShardWriter:
+class ShardWriter(ClosesOnExit):
     """Write samples to ``pattern % n`` shards, a new one after ``maxcount`` samples or ``maxsize`` bytes.
 
     Args:
@@ -356,9 +350,3 @@ class ShardWriter:
     def close(self) -> None:
         """Finish writing."""
         self.finish()
-
-    def __enter__(self) -> ShardWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
