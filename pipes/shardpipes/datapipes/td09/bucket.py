@@ -61,27 +61,22 @@ class BucketBatcherIterDataPipe(IterDataPipe[DataChunk[Any]]):
         bucket_size = batch_size * batch_num
         pool_size = bucket_size * bucket_num
         if bucket_num > 1 or sort_key is None:
-            if use_in_batch_shuffle:
-                datapipe = (
-                    datapipe.batch(batch_size=pool_size, drop_last=False)
-                    .in_batch_shuffle()
-                    .unbatch()
-                )
-            else:
-                datapipe = datapipe.shuffle(buffer_size=pool_size)
+            datapipe = _shuffled(datapipe, pool_size, use_in_batch_shuffle)
         if sort_key is not None:
             datapipe = datapipe.batch(bucket_size).map(fn=sort_key).unbatch()
         datapipe = datapipe.batch(batch_size, drop_last=drop_last)
         if sort_key is not None:
-            if use_in_batch_shuffle:
-                datapipe = (
-                    datapipe.batch(batch_size=bucket_num, drop_last=False)
-                    .in_batch_shuffle()
-                    .unbatch()
-                )
-            else:
-                datapipe = datapipe.shuffle(buffer_size=bucket_size)
+            # the batches: in groups of bucket_num, or through a bucket_size buffer, as in 0.9
+            size = bucket_num if use_in_batch_shuffle else bucket_size
+            datapipe = _shuffled(datapipe, size, use_in_batch_shuffle)
         return datapipe
+
+
+def _shuffled(datapipe: Any, size: int, in_batch: bool) -> Any:
+    """Shuffle within batches of ``size`` (``in_batch_shuffle``), or through a ``size`` buffer."""
+    if in_batch:
+        return datapipe.batch(batch_size=size, drop_last=False).in_batch_shuffle().unbatch()
+    return datapipe.shuffle(buffer_size=size)
 
 
 def _default_len_fn(token: Any) -> int:
