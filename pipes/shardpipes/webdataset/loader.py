@@ -47,23 +47,6 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-class _Convert(StageIterDataPipe[Any]):
-    """torch ``DataLoader``'s ``batch_size=None``: each item through ``collate_fn`` (``default_convert``)."""
-
-    one_to_one = True
-
-    def __init__(
-        self, source_datapipe: IterDataPipe[Any], collate_fn: Callable[[Any], Any]
-    ) -> None:
-        self.source_datapipe = source_datapipe
-        self.collate_fn = collate_fn
-
-    def __iter__(self) -> Iterator[Any]:
-        convert = self.collate_fn
-        for item in self.source_datapipe:
-            yield convert(item)
-
-
 class _Items(StageIterDataPipe[Any]):
     """A DataPipe over a loader's one pass, so ``fullsync`` can end the chain."""
 
@@ -174,8 +157,8 @@ class WebLoader(FluidInterface):
             graph = Collate(  # torch DataLoader's batching, inside the workers
                 Batcher(graph, batch_size, not drop_last), collate_fn or default_collate
             )
-        else:
-            graph = _Convert(graph, collate_fn or default_convert)
+        else:  # torch DataLoader's batch_size=None: each item through collate_fn
+            graph = Collate(graph, collate_fn or default_convert)
         self.dataset = dataset
         self.graph = graph
         self.num_workers = num_workers
