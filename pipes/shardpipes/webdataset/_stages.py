@@ -42,7 +42,7 @@ from shardpipes.datapipes.iter._lean import (
 )
 from shardpipes.datapipes.iter.base import StageIterDataPipe
 from shardpipes.datapipes.iter.decode import DecoderIterDataPipe
-from shardpipes.handlers import HandlerLike, SkipStats, resolve_handler
+from shardpipes.handlers import HandlerLike, Policy, SkipStats, resolve_handler
 from shardpipes.webdataset import utils
 from shardpipes.webdataset.handlers import reraise_exception
 
@@ -68,6 +68,20 @@ def policy_of(handler: Callable[[BaseException], bool]) -> HandlerLike:
 
 def _url(sample: Any) -> str:
     return str(sample.get("__url__", "")) if isinstance(sample, dict) else ""
+
+
+def _handled(
+    fn: Callable[[Any], Any], samples: Iterable[Any], policy: Policy, skipped: SkipStats
+) -> Iterator[tuple[Any, Any]]:
+    """``(sample, fn(sample))`` for each sample; an error goes to ``policy``: skip it or stop."""
+    for sample in samples:
+        try:
+            result = fn(sample)
+        except Exception as exc:
+            if policy(exc, _url(sample), skipped):
+                continue
+            return
+        yield sample, result
 
 
 class FilterStage(StageIterDataPipe[Any]):
@@ -191,14 +205,7 @@ class SampleMap(LeanMapperIterDataPipe):
         self.skipped = SkipStats()
 
     def __iter__(self) -> Iterator[Any]:
-        fn, policy = self.fn, self.handler
-        for sample in self.datapipe:
-            try:
-                result = fn(sample)
-            except Exception as exc:
-                if policy(exc, _url(sample), self.skipped):
-                    continue
-                return
+        for sample, result in _handled(self.fn, self.datapipe, self.handler, self.skipped):
             if result is None and self.drop_none:
                 self.skipped.record(_url(sample), _Dropped(f"{self.name}() returned None"))
                 continue
@@ -257,14 +264,7 @@ class Decode(DecoderIterDataPipe):
         self.skipped = SkipStats()
 
     def __iter__(self) -> Iterator[Any]:
-        decoder, policy = self.decoder, self.handler
-        for sample in self.source_datapipe:
-            try:
-                result = decoder(sample)
-            except Exception as exc:
-                if policy(exc, _url(sample), self.skipped):
-                    continue
-                return
+        for _, result in _handled(self.decoder, self.source_datapipe, self.handler, self.skipped):
             yield result
 
 
