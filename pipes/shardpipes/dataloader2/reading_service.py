@@ -23,7 +23,7 @@ import logging
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -81,6 +81,12 @@ logger = logging.getLogger(__name__)
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
+#: What ``initialize_iteration`` is handed and returns for the next service: the epoch's plan
+#: (our services) or 0.9's ``SeedGenerator`` facade over it (a torchdata 0.9 service).
+PlanOrGenerator: TypeAlias = EpochPlan | SeedGenerator
+#: 0.9's ``iter_reset_fn``: ``datapipe -> datapipe``, applied to the graph by ``DataLoader2``.
+IterResetFn: TypeAlias = Callable[[Any], Any]
+
 
 def takes_plan(method: _F) -> _F:
     """Mark an ``initialize_iteration`` as ours: it is handed the ``EpochPlan``, not 0.9's facade."""
@@ -111,9 +117,7 @@ class ReadingServiceInterface(ABC):
 
     @takes_plan
     def initialize_iteration(
-        self,
-        seed_generator: EpochPlan | SeedGenerator,
-        iter_reset_fn: Callable[[Any], Any] | None = None,
+        self, seed_generator: PlanOrGenerator, iter_reset_fn: IterResetFn | None = None
     ) -> Any:
         """Prepare one epoch; return the seed generator for the next service."""
         return seed_generator
@@ -198,9 +202,7 @@ class InProcessReadingService(ReadingServiceInterface):
 
     @takes_plan
     def initialize_iteration(
-        self,
-        seed_generator: EpochPlan | SeedGenerator,
-        iter_reset_fn: Callable[[Any], Any] | None = None,
+        self, seed_generator: PlanOrGenerator, iter_reset_fn: IterResetFn | None = None
     ) -> Any:
         """Seed the graph for this epoch."""
         apply_epoch_plan(self._datapipe, as_plan(seed_generator))
@@ -361,9 +363,7 @@ class MultiProcessingReadingService(ReadingServiceInterface):
 
     @takes_plan
     def initialize_iteration(
-        self,
-        seed_generator: EpochPlan | SeedGenerator,
-        iter_reset_fn: Callable[[Any], Any] | None = None,
+        self, seed_generator: PlanOrGenerator, iter_reset_fn: IterResetFn | None = None
     ) -> Any:
         """Publish this epoch's seeds to the workers (or seed the in-process graph)."""
         plan = as_plan(seed_generator)
@@ -579,9 +579,7 @@ class DistributedReadingService(ReadingServiceInterface):
 
     @takes_plan
     def initialize_iteration(
-        self,
-        seed_generator: EpochPlan | SeedGenerator,
-        iter_reset_fn: Callable[[Any], Any] | None = None,
+        self, seed_generator: PlanOrGenerator, iter_reset_fn: IterResetFn | None = None
     ) -> Any:
         """Check that all ranks agree on seed and epoch; seed the graph for this rank."""
         plan = as_plan(seed_generator)
@@ -637,9 +635,7 @@ class SequentialReadingService(ReadingServiceInterface):
 
     @takes_plan
     def initialize_iteration(
-        self,
-        seed_generator: EpochPlan | SeedGenerator,
-        iter_reset_fn: Callable[[Any], Any] | None = None,
+        self, seed_generator: PlanOrGenerator, iter_reset_fn: IterResetFn | None = None
     ) -> Any:
         """Pass the seed generator through each service in order.
 
