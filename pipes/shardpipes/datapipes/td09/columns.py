@@ -58,6 +58,16 @@ def _source_len(dp: Any, stage: Any) -> int:
     raise TypeError(f"{type(stage).__name__} instance doesn't have valid length")
 
 
+class _Reshaper(StageIterDataPipe[T]):
+    """Base of ``drop``, ``slice`` and ``flatten``: one reshaped item per item, the source's length."""
+
+    datapipe: IterDataPipe[Any]
+    one_to_one = True
+
+    def __len__(self) -> int:
+        return _source_len(self.datapipe, self)
+
+
 def _counted(source: Iterable[T], resume: Resume | None) -> Iterator[tuple[int, T]]:
     """``enumerate(source)``, or in a resumed epoch from where the reader had got.
 
@@ -72,7 +82,7 @@ def _counted(source: Iterable[T], resume: Resume | None) -> Iterator[tuple[int, 
 
 
 @register("drop")
-class DropperIterDataPipe(StageIterDataPipe[T]):
+class DropperIterDataPipe(_Reshaper[T]):
     """Drop the given columns of tuples and lists, or keys of dicts (functional name: ``drop``).
 
     Args:
@@ -84,8 +94,6 @@ class DropperIterDataPipe(StageIterDataPipe[T]):
         >>> list(IterableWrapper([(0, 1, 2)]).drop([0, 2]))
         [(1,)]
     """
-
-    one_to_one = True
 
     def __init__(self, datapipe: IterDataPipe[Any], indices: Hashable | list[Hashable]) -> None:
         self.datapipe = datapipe
@@ -106,12 +114,9 @@ class DropperIterDataPipe(StageIterDataPipe[T]):
             _check_present(item, drop)
             yield new
 
-    def __len__(self) -> int:
-        return _source_len(self.datapipe, self)
-
 
 @register("slice")
-class SliceIterDataPipe(StageIterDataPipe[T]):
+class SliceIterDataPipe(_Reshaper[T]):
     """Keep a slice of each tuple or list, or the given keys of each dict (functional name: ``slice``).
 
     Args:
@@ -125,8 +130,6 @@ class SliceIterDataPipe(StageIterDataPipe[T]):
         >>> list(IterableWrapper([[0, 1, 2, 3]]).slice(1, 3))
         [[1, 2]]
     """
-
-    one_to_one = True
 
     def __init__(
         self,
@@ -174,12 +177,9 @@ class SliceIterDataPipe(StageIterDataPipe[T]):
                 _check_present(item, keep)
             yield new
 
-    def __len__(self) -> int:
-        return _source_len(self.datapipe, self)
-
 
 @register("flatten")
-class FlattenIterDataPipe(StageIterDataPipe[T]):
+class FlattenIterDataPipe(_Reshaper[T]):
     """Flatten nested tuples/lists or dicts one level, at the given indices or everywhere (functional name: ``flatten``).
 
     Args:
@@ -191,8 +191,6 @@ class FlattenIterDataPipe(StageIterDataPipe[T]):
         >>> list(IterableWrapper([(0, (1, 2))]).flatten())
         [(0, 1, 2)]
     """
-
-    one_to_one = True
 
     def __init__(
         self, datapipe: IterDataPipe[Any], indices: Hashable | list[Hashable] | None = None
@@ -229,9 +227,6 @@ class FlattenIterDataPipe(StageIterDataPipe[T]):
             if self.indices:
                 _check_present(item, self.indices)
             yield new
-
-    def __len__(self) -> int:
-        return _source_len(self.datapipe, self)
 
 
 @register("enumerate")
