@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter import IterableWrapper
@@ -26,6 +26,8 @@ __all__ = [
     "IoPathFileOpenerIterDataPipe",
     "IoPathSaverIterDataPipe",
 ]
+
+T = TypeVar("T")
 
 _MISSING = (
     "{name} needs iopath: pip install iopath. (iopath is unmaintained; FSSpecFileLister, "
@@ -54,8 +56,18 @@ def _path_manager(name: str, pathmgr: Any, handler: Any) -> Any:
     return pathmgr
 
 
+class _IoPathStage(StageIterDataPipe[T]):
+    """Base of the iopath stages: a ``pathmgr`` that more path handlers can be registered on."""
+
+    pathmgr: Any
+
+    def register_handler(self, handler: Any, allow_override: bool = False) -> None:
+        """Register an iopath path handler on the path manager."""
+        self.pathmgr.register_handler(handler, allow_override=allow_override)
+
+
 @register("list_files_by_iopath")
-class IoPathFileListerIterDataPipe(StageIterDataPipe[str]):
+class IoPathFileListerIterDataPipe(_IoPathStage[str]):
     """List the files under roots through iopath (functional name: ``list_files_by_iopath``).
 
     Args:
@@ -86,10 +98,6 @@ class IoPathFileListerIterDataPipe(StageIterDataPipe[str]):
         )
         self.masks = masks
 
-    def register_handler(self, handler: Any, allow_override: bool = False) -> None:
-        """Register an iopath path handler on the path manager."""
-        self.pathmgr.register_handler(handler, allow_override=allow_override)
-
     def __iter__(self) -> Iterator[str]:
         for path in self.datapipe:
             if self.pathmgr.isfile(path):
@@ -101,7 +109,7 @@ class IoPathFileListerIterDataPipe(StageIterDataPipe[str]):
 
 
 @register("open_files_by_iopath")
-class IoPathFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, StreamWrapper]]):
+class IoPathFileOpenerIterDataPipe(_IoPathStage[tuple[str, StreamWrapper]]):
     """Open paths or URLs through iopath, as ``(path, stream)`` (functional name: ``open_files_by_iopath``).
 
     Args:
@@ -125,10 +133,6 @@ class IoPathFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, StreamWrapper]])
         self.source_datapipe = source_datapipe
         self.mode = mode
 
-    def register_handler(self, handler: Any, allow_override: bool = False) -> None:
-        """Register an iopath path handler on the path manager."""
-        self.pathmgr.register_handler(handler, allow_override=allow_override)
-
     def __iter__(self) -> Iterator[tuple[str, StreamWrapper]]:
         for uri in self.source_datapipe:
             yield uri, StreamWrapper(self.pathmgr.open(uri, self.mode))
@@ -138,7 +142,7 @@ class IoPathFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, StreamWrapper]])
 
 
 @register("save_by_iopath")
-class IoPathSaverIterDataPipe(StageIterDataPipe[str]):
+class IoPathSaverIterDataPipe(_IoPathStage[str]):
     """Write ``(metadata, data)`` pairs through iopath and yield the paths (functional name: ``save_by_iopath``).
 
     Args:
@@ -167,10 +171,6 @@ class IoPathSaverIterDataPipe(StageIterDataPipe[str]):
         self.source_datapipe = source_datapipe
         self.mode = mode
         self.filepath_fn = filepath_fn
-
-    def register_handler(self, handler: Any, allow_override: bool = False) -> None:
-        """Register an iopath path handler on the path manager."""
-        self.pathmgr.register_handler(handler, allow_override=allow_override)
 
     def __iter__(self) -> Iterator[str]:
         for meta, data in self.source_datapipe:
