@@ -75,3 +75,38 @@ def test_without_iopath_the_error_names_the_install_and_the_alternative(monkeypa
     monkeypatch.setitem(sys.modules, "iopath.common.file_io", None)  # as if not installed
     with pytest.raises(ModuleNotFoundError, match=r"pip install iopath.*FSSpecFileOpener"):
         build()
+
+
+def _prefixed_handler(root: str, prefix: str):
+    """An iopath handler that maps ``prefix://name`` to ``root/name`` on the local disk."""
+    from iopath.common.file_io import PathHandler
+
+    class Prefixed(PathHandler):
+        def _get_supported_prefixes(self):
+            return [prefix]
+
+        def _open(self, path, mode="r", buffering=-1, **kwargs):
+            return open(os.path.join(root, path[len(prefix) :]), mode)
+
+    return Prefixed()
+
+
+@pytest.mark.parametrize("kind", ["lister", "opener", "saver"])
+def test_register_handler_adds_a_handler_the_stage_then_uses(tmp_path, kind):
+    from iopath.common.file_io import PathManager
+
+    _write(str(tmp_path), ["a.txt"])
+    stages = {
+        "lister": lambda m: IoPathFileLister(".", pathmgr=m),
+        "opener": lambda m: IoPathFileOpener(IterableWrapper(["dup://a.txt"]), pathmgr=m),
+        "saver": lambda m: IoPathSaver(IterableWrapper([("dup://b.txt", "B")]), pathmgr=m),
+    }
+    dp = stages[kind](PathManager())
+    dp.register_handler(_prefixed_handler(str(tmp_path), "dup://"))
+    with dp.pathmgr.open("dup://a.txt") as f:  # the stage's path manager has the handler now
+        assert f.read() == "data of a.txt"
+    if kind == "opener":
+        assert [(p, s.read()) for p, s in dp] == [("dup://a.txt", "data of a.txt")]
+    if kind == "saver":
+        assert list(dp) == ["dup://b.txt"]
+        assert (tmp_path / "b.txt").read_text() == "B"
