@@ -294,6 +294,14 @@ def test_one_local_test(url, local, streamed):
     assert (source.local, source.streamed) == (local, streamed)
 
 
+def test_a_resolved_source_shows_no_secret():
+    source = resolve("https://user:pw-1@example.invalid/x.tar", {"headers": {"X-Token": "tk-2"}})
+    shown = f"{source!r} {source}"
+    assert "pw-1" not in shown and "tk-2" not in shown
+    assert "example.invalid/x.tar" in shown
+    assert source != resolve(source.url)  # compared by identity, as before it was a dataclass
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
