@@ -74,8 +74,10 @@ def batch_samples(item: Any) -> list[tuple[str, str]] | None:
 
 
 def batch_ids(item: Any) -> list[int] | None:
-    """The 64-bit ids of the samples in ``item``: its ``ids`` (a :class:`SampleIds` the loader's
-    graph set on the batch), else from its samples' keys (see :func:`batch_samples`).
+    """The 64-bit ids of the samples in ``item``: its ``ids``, else from its samples' keys.
+
+    ``item.ids`` is the :class:`SampleIds` the loader's graph set on the batch; without it the
+    ids come from the samples' ``__url__`` and ``__key__`` (see :func:`batch_samples`).
     """
     carried = getattr(item, "ids", None)
     if type(carried) is SampleIds:

@@ -23,7 +23,7 @@ Nothing else in the graph sees a pair: the rewrite only wraps the stages it know
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from torch.utils.data import IterDataPipe
 
@@ -38,7 +38,7 @@ class Tagged:
 
     __slots__ = ("id", "item")
 
-    def __init__(self, item: Any, id: int | None) -> None:  # noqa: A002 - the sample's id
+    def __init__(self, item: Any, id: int | None) -> None:
         self.item = item
         self.id = id
 
@@ -89,7 +89,8 @@ class UntagIterDataPipe(StageIterDataPipe[Any]):
 
     def __iter__(self) -> Iterator[Any]:
         tape = self.tape
-        tape.ids = ids = []
+        ids: list[int | None] = []
+        tape.ids = ids
         append = ids.append
         for pair in self.source_datapipe:
             append(pair.id)
@@ -127,7 +128,7 @@ class RetagIterDataPipe(StageIterDataPipe[Any]):
             ids = tape.ids
             if len(ids) == len(batch) and None not in ids:
                 try:
-                    batch.ids = SampleIds(ids)
+                    batch.ids = SampleIds(cast(list[int], ids))
                 except AttributeError:
                     pass  # a batch type without attributes: the loader checks it as before
             ids.clear()
