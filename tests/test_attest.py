@@ -9,12 +9,14 @@ import pytest
 
 from _dist import run_ranks
 from _graphs import indexed_graph
+from _graphs import sample_id as global_id
 from shardpipes.cli import main
 from shardpipes.dataloader2 import DataLoader2, DistributedReadingService
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
 from shardpipes.errors import AttestationError, StateMismatchError
 from shardpipes.index import ShardIndex, build_index, default_index_url
+from shardpipes.storage.ranges import ShardRange
 from shardpipes.synthetic import write_synthetic
 from shardpipes.verify import verify
 
@@ -155,16 +157,27 @@ def _rs():
     return DistributedReadingService(timeout=60)
 
 
-def _plain(paths, *, sharded=True, index=True):
-    """Batches of sample dicts (they keep ``__url__`` and ``__key__``: their identity)."""
+def _plain(paths, *, sharded=True, index=True, dropping=False):
+    """Batches of sample dicts (they keep ``__url__`` and ``__key__``: their identity).
+
+    ``dropping``: a map replaces each sample by its global id (the usual pattern); the ids
+    then travel beside the samples (``batch.ids``).
+    """
     dp = IterableWrapper(paths).shuffle()
     if sharded:
         dp = dp.sharding_by_index() if index else dp.sharding_filter()
-    return dp.open_files_by_fsspec().load_from_tar().webdataset().batch(2)
+    return _tail(dp, dropping)
+
+
+def _tail(dp, dropping):
+    dp = dp.open_files_by_fsspec().load_from_tar().webdataset()
+    if dropping:
+        dp = dp.decode().map(global_id)
+    return dp.batch(2)
 
 
 def _keys(batch):
-    return [s["__key__"] for s in batch]
+    return [s["__key__"] if isinstance(s, dict) else s for s in batch]
 
 
 def rank_saves(rank, world, paths, k):
@@ -222,9 +235,11 @@ def test_ranks_catch_faulty_resumes(nine, tmp_path):
             assert f"rank {rank}: epoch 0, step " in text
 
 
-def rank_unsharded(rank, world, paths):
+def rank_unsharded(rank, world, paths, dropping=False):
     try:
-        with DataLoader2(_plain(paths, sharded=False), reading_service=_rs()) as dl:
+        with DataLoader2(
+            _plain(paths, sharded=False, dropping=dropping), reading_service=_rs()
+        ) as dl:
             dl.attest(every=4)
             dl.seed(1)
             return ("ok", len([b for b in dl]))
@@ -233,9 +248,10 @@ def rank_unsharded(rank, world, paths):
 
 
 @pytest.mark.distributed
-def test_ranks_catch_every_rank_reading_the_same_samples(nine):
+@pytest.mark.parametrize("dropping", [False, True], ids=["samples", "dropping-map"])
+def test_ranks_catch_every_rank_reading_the_same_samples(nine, dropping):
     """Every rank drew the same sequence (yaak-ai/rbyte PR 106's shape): the first window."""
-    got = run_ranks(rank_unsharded, 2, nine)
+    got = run_ranks(rank_unsharded, 2, nine, dropping)
     for rank, (kind, text) in enumerate(got):
         assert kind == "duplicate"
         assert f"rank {rank}: epoch 0, step 4: duplicate: ranks 0 and 1 yielded the same 8" in text
@@ -258,20 +274,49 @@ def test_ranks_catch_different_shard_lists(nine):
         assert "other shard lists" in text and "rank(s) 0" in text and "rank(s) 1" in text
 
 
-class StuckSharder(IndexSharderIterDataPipe):
-    """A faulty sharder: whatever rank it is given, it reads rank 0's range."""
+class FaultySharder(IndexSharderIterDataPipe):
+    """A faulty sharder on one rank: it reads rank 0's range, or its own range wrong.
+
+    ``fault``: ``"stuck"`` (whatever rank it is given, rank 0's range), ``"skip"`` (its first
+    range without its first sample: a skipped stretch), ``"shift"`` (its first range one
+    sample earlier: as many samples, one of them rank 0's, one of its own never read).
+    """
+
+    def __init__(self, source, fault, paths):
+        super().__init__(source)
+        self.fault = fault
+        self.paths = paths
 
     def apply_sharding(self, num_of_instances, instance_id, sharding_group=None):
-        super().apply_sharding(num_of_instances, 0, sharding_group)
+        stuck = 0 if self.fault == "stuck" else instance_id
+        super().apply_sharding(num_of_instances, stuck, sharding_group)
+
+    def __iter__(self):
+        # The honest stage's generator, not its __iter__: torch's hook around that would count
+        # a second iterator of this stage and invalidate the first.
+        ranges = IndexSharderIterDataPipe.__iter__.__wrapped__(self)
+        first = next(ranges, None)
+        if first is None:
+            return
+        if self.fault in ("skip", "shift"):
+            urls = [str(first)]
+            index = ShardIndex.load(default_index_url(self.paths))
+            entry = index.shards[int(index.positions(urls)[0])]
+            start, stop = first.start + 1, first.stop
+            if self.fault == "shift":
+                start, stop = first.start - 1, first.stop - 1
+            first = ShardRange(str(first), start, stop, *entry.byte_range(start, stop))
+        yield first
+        yield from ranges
 
 
-StuckSharder.__name__ = "IndexSharderIterDataPipe"  # the same plan as the honest stage
+FaultySharder.__name__ = "IndexSharderIterDataPipe"  # the same plan as the honest stage
 
 
-def rank_whole_epoch(rank, world, paths, stuck_rank):
+def rank_whole_epoch(rank, world, paths, faulty_rank, fault="stuck", dropping=False):
     urls = IterableWrapper(paths).shuffle()
-    sharded = StuckSharder(urls) if rank == stuck_rank else urls.sharding_by_index()
-    dp = sharded.open_files_by_fsspec().load_from_tar().webdataset().batch(2)
+    sharded = FaultySharder(urls, fault, paths) if rank == faulty_rank else urls.sharding_by_index()
+    dp = _tail(sharded, dropping)
     try:
         with DataLoader2(dp, reading_service=_rs()) as dl:
             dl.attest(every=100)  # longer than the epoch: only its end is checked
@@ -287,15 +332,34 @@ def even(tmp_path_factory):
 
 
 @pytest.mark.distributed
-def test_epoch_check_against_the_plan(even):
-    honest = run_ranks(rank_whole_epoch, 2, even, -1)
+@pytest.mark.parametrize("dropping", [False, True], ids=["samples", "dropping-map"])
+def test_epoch_check_against_the_plan(even, dropping):
+    honest = run_ranks(rank_whole_epoch, 2, even, -1, "stuck", dropping)
     assert [kind for kind, _ in honest] == ["ok", "ok"]
     keys = [k for _, batches in honest for b in batches for k in b]
     assert len(keys) == len(set(keys)) == 32  # the check passed a run that is right
-    stuck = run_ranks(rank_whole_epoch, 2, even, 1)  # rank 1 reads rank 0's range
+    stuck = run_ranks(rank_whole_epoch, 2, even, 1, "stuck", dropping)  # rank 0's range on 1
     for rank, (kind, text) in enumerate(stuck):
         assert kind == "duplicate", text
         assert f"rank {rank}: epoch 0, step 8: duplicate: ranks 0 and 1 yielded the same 16" in text
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("dropping", [False, True], ids=["samples", "dropping-map"])
+@pytest.mark.parametrize(
+    ("fault", "verdict", "what"),
+    [
+        ("skip", "skipped", "yielded 31 samples this epoch, the plan 32: 1 of the dataset's"),
+        ("shift", "other-range", "yielded 32 samples this epoch, the plan 32: as many samples"),
+    ],
+    ids=["skipped-stretch", "wrong-range"],
+)
+def test_epoch_end_verdicts(even, fault, verdict, what, dropping):
+    """A rank reads a stretch too few, or a range one sample off: found at the epoch's end."""
+    got = run_ranks(rank_whole_epoch, 2, even, 1, fault, dropping)
+    for rank, (kind, text) in enumerate(got):
+        assert kind == verdict, text
+        assert f"rank {rank}: epoch 0, step 8: {verdict}: the ranks together {what}" in text
 
 
 # --- shardpipes verify ------------------------------------------------------------------------
