@@ -16,6 +16,7 @@ from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
 from shardpipes.errors import AttestationError, StateMismatchError
 from shardpipes.index import ShardIndex, build_index, default_index_url
+from shardpipes.plan.mixture import Mixture
 from shardpipes.storage.ranges import ShardRange
 from shardpipes.synthetic import write_synthetic
 from shardpipes.verify import verify
@@ -433,3 +434,66 @@ def test_ranks_catch_a_state_dropped_when_the_world_grows(nine):
         assert "rank(s) 1 start without a loader state while rank(s) 0 resume one" in text
     both = run_ranks(rank_resumes, 2, nine, [saved[0], saved[0]])  # the elastic resume, right
     assert [kind for kind, _ in both] == ["ok", "ok"]
+
+
+# --- shardpipes verify, per source of a mixture ------------------------------------------------
+
+
+def _source(paths):
+    return (
+        IterableWrapper(paths)
+        .shuffle()
+        .sharding_by_index()
+        .open_files_by_fsspec()
+        .load_from_tar()
+        .webdataset()
+    )
+
+
+def _mixed_run(a, b, log_dir, runs=1):
+    dp = _source(a).mix(_source(b), repeat=[1, 2], names=["a", "b"]).batch(4)
+    for _ in range(runs):  # a second run of the same epoch: a restart at zero
+        with DataLoader2(dp) as dl:
+            dl.attest(log_dir=log_dir)
+            dl.seed(2)
+            for _ in dl:
+                pass
+
+
+@pytest.fixture(scope="module")
+def two_sources(tmp_path_factory):
+    a = _dataset(tmp_path_factory.mktemp("a"), [7, 6])
+    b = _dataset(tmp_path_factory.mktemp("b"), [5, 4])
+    return a, b
+
+
+@pytest.mark.parametrize("runs", [1, 2], ids=["honest", "restart-at-zero"])
+def test_verify_reports_each_source_of_a_mixture(two_sources, tmp_path, capsys, runs):
+    a, b = two_sources
+    _mixed_run(a, b, str(tmp_path / "ids"), runs)
+    indexes = [ShardIndex.load(default_index_url(p)) for p in (a, b)]
+    (r,) = verify(
+        indexes,
+        world=1,
+        workers=0,
+        batch_size=4,
+        log_dir=str(tmp_path / "ids"),
+        mixture=Mixture(2, repeat=(1, 2)),
+        names=["a", "b"],
+    )
+    assert [(s.name, s.expected) for s in r.sources] == [("a", 13), ("b", 18)]
+    assert [(s.read, s.duplicated, s.missing) for s in r.sources] == [
+        (13 * runs, 13 * (runs - 1), 0),
+        (18 * runs, 18 * (runs - 1), 0),
+    ]
+    assert (r.expected, r.read, r.ok) == (31, 31 * runs, runs == 1)
+    args = ["verify", ",".join(default_index_url(p) for p in (a, b)), "--world", "1"]
+    args += ["--batch-size", "4", "--logs", str(tmp_path / "ids"), "--repeat", "1", "2"]
+    assert main([*args, "--names", "a,b"]) == (0 if runs == 1 else 1)
+    out = capsys.readouterr().out
+    assert (
+        f"source a: expected 13, read {13 * runs}, duplicated {13 * (runs - 1)}, missing 0" in out
+    )
+    assert (
+        f"source b: expected 18, read {18 * runs}, duplicated {18 * (runs - 1)}, missing 0" in out
+    )

@@ -16,35 +16,57 @@ def add_parser(sub: Any) -> None:
         help="replay a run's plan: samples expected, read, duplicated, missing per epoch",
         description="Given the index, the topology and the run's loader states (JSON, in the "
         "order they were saved) and/or the id logs of dl.attest(log_dir=...), print per epoch "
-        "the samples expected, read, read twice and never read. Exit status 1 if any.",
+        "the samples expected, read, read twice and never read (for a mix(): per source too, "
+        "with --repeat/--choose/--weights). Exit status 1 if any.",
     )
-    p.add_argument("index", help="the index file")
+    p.add_argument(
+        "index", help="the index file (a mix(): its sources' index files, comma-separated)"
+    )
     p.add_argument("states", nargs="*", help="loader states (JSON), in the order saved")
     p.add_argument("--world", type=int, required=True, metavar="R", help="ranks")
     p.add_argument("--workers", type=int, default=0, metavar="W", help="workers per rank")
     p.add_argument("--batch-size", type=int, required=True, metavar="B")
     p.add_argument("--policy", choices=("drop", "pad"), default="drop")
     p.add_argument("--logs", metavar="DIR", help="the folder of the ids-rank*.bin logs")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--repeat", type=float, nargs="+", metavar="X", help="mix(repeat=[...])")
+    how.add_argument("--choose", type=int, nargs="+", metavar="N", help="mix(choose=[...])")
+    how.add_argument("--weights", type=float, nargs="+", metavar="W", help="mix(weights=[...])")
+    p.add_argument("--samples-per-epoch", type=int, metavar="N", help="with --weights")
+    p.add_argument("--names", metavar="A,B", help="the mixture's source names, comma-separated")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Print the report; 1 when something was read twice or missed."""
     from shardpipes.index.document import ShardIndex
+    from shardpipes.plan.mixture import Mixture
     from shardpipes.verify import verify
 
     states = []
     for path in args.states:
         with open(path) as f:
             states.append(json.load(f))
+    indexes = [ShardIndex.load(url) for url in args.index.split(",")]
+    mixture = None
+    if args.repeat or args.choose or args.weights:
+        mixture = Mixture(
+            len(indexes),
+            repeat=tuple(args.repeat) if args.repeat else None,
+            choose=tuple(args.choose) if args.choose else None,
+            weights=tuple(args.weights) if args.weights else None,
+            samples_per_epoch=args.samples_per_epoch,
+        )
     reports = verify(
-        ShardIndex.load(args.index),
+        indexes if mixture is not None else indexes[0],
         world=args.world,
         workers=args.workers,
         batch_size=args.batch_size,
         policy=args.policy,
         states=states,
         log_dir=args.logs,
+        mixture=mixture,
+        names=args.names.split(",") if args.names else None,
     )
     for r in reports:
         print(r.line())
