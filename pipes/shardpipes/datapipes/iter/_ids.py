@@ -52,7 +52,7 @@ class Tape:
         self.ids: list[int | None] = []
 
     def __getstate__(self) -> dict[str, Any]:
-        return {}  # a running iteration's ids stay with it
+        return {"ids": []}  # a running iteration's ids stay with it (not empty: pickle skips {})
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.ids = []
