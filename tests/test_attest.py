@@ -366,17 +366,17 @@ def test_epoch_end_verdicts(even, fault, verdict, what, dropping):
 # --- shardpipes verify ------------------------------------------------------------------------
 
 
-def _states_and_log(paths, log_dir, faulty):
+def _states_and_log(paths, log_dir, faulty, dropping=False):
     """A run saving states after 2 and 4 batches; ``faulty``: the resume restarts at zero."""
     states = []
-    with DataLoader2(_plain(paths, sharded=True)) as dl:
+    with DataLoader2(_plain(paths, sharded=True, dropping=dropping)) as dl:
         dl.attest(log_dir=log_dir)
         dl.seed(1)
         it = iter(dl)
         for _ in range(2):
             next(it)
         states.append(dl.state_dict())
-    with DataLoader2(_plain(paths, sharded=True)) as dl:
+    with DataLoader2(_plain(paths, sharded=True, dropping=dropping)) as dl:
         dl.attest(log_dir=log_dir)
         if faulty:
             dl.seed(1)  # the bug: the state is not loaded, the epoch starts over
@@ -394,9 +394,10 @@ def _states_and_log(paths, log_dir, faulty):
 
 
 @pytest.mark.parametrize("faulty", [False, True], ids=["honest", "restart-at-zero"])
-def test_verify_replays_states_and_logs(nine, tmp_path, faulty):
+@pytest.mark.parametrize("dropping", [False, True], ids=["samples", "dropping-map"])
+def test_verify_replays_states_and_logs(nine, tmp_path, faulty, dropping):
     index = ShardIndex.load(default_index_url(nine))
-    states = _states_and_log(nine, str(tmp_path / "ids"), faulty)
+    states = _states_and_log(nine, str(tmp_path / "ids"), faulty, dropping)
     by_states = verify(index, world=1, workers=0, batch_size=2, states=states)
     by_logs = verify(index, world=1, workers=0, batch_size=2, log_dir=str(tmp_path / "ids"))
     assert [(r.seed, r.epoch, r.expected) for r in by_logs] == [(1, 0, 31)]
