@@ -9,12 +9,15 @@ import pytest
 
 from _dist import run_ranks
 from _graphs import indexed_graph
+from _graphs import sample_id as global_id
 from shardpipes.cli import main
 from shardpipes.dataloader2 import DataLoader2, DistributedReadingService
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
 from shardpipes.errors import AttestationError, StateMismatchError
 from shardpipes.index import ShardIndex, build_index, default_index_url
+from shardpipes.plan.mixture import Mixture
+from shardpipes.storage.ranges import ShardRange
 from shardpipes.synthetic import write_synthetic
 from shardpipes.verify import verify
 
@@ -155,16 +158,27 @@ def _rs():
     return DistributedReadingService(timeout=60)
 
 
-def _plain(paths, *, sharded=True, index=True):
-    """Batches of sample dicts (they keep ``__url__`` and ``__key__``: their identity)."""
+def _plain(paths, *, sharded=True, index=True, dropping=False):
+    """Batches of sample dicts (they keep ``__url__`` and ``__key__``: their identity).
+
+    ``dropping``: a map replaces each sample by its global id (the usual pattern); the ids
+    then travel beside the samples (``batch.ids``).
+    """
     dp = IterableWrapper(paths).shuffle()
     if sharded:
         dp = dp.sharding_by_index() if index else dp.sharding_filter()
-    return dp.open_files_by_fsspec().load_from_tar().webdataset().batch(2)
+    return _tail(dp, dropping)
+
+
+def _tail(dp, dropping):
+    dp = dp.open_files_by_fsspec().load_from_tar().webdataset()
+    if dropping:
+        dp = dp.decode().map(global_id)
+    return dp.batch(2)
 
 
 def _keys(batch):
-    return [s["__key__"] for s in batch]
+    return [s["__key__"] if isinstance(s, dict) else s for s in batch]
 
 
 def rank_saves(rank, world, paths, k):
@@ -222,9 +236,11 @@ def test_ranks_catch_faulty_resumes(nine, tmp_path):
             assert f"rank {rank}: epoch 0, step " in text
 
 
-def rank_unsharded(rank, world, paths):
+def rank_unsharded(rank, world, paths, dropping=False):
     try:
-        with DataLoader2(_plain(paths, sharded=False), reading_service=_rs()) as dl:
+        with DataLoader2(
+            _plain(paths, sharded=False, dropping=dropping), reading_service=_rs()
+        ) as dl:
             dl.attest(every=4)
             dl.seed(1)
             return ("ok", len([b for b in dl]))
@@ -233,9 +249,10 @@ def rank_unsharded(rank, world, paths):
 
 
 @pytest.mark.distributed
-def test_ranks_catch_every_rank_reading_the_same_samples(nine):
+@pytest.mark.parametrize("dropping", [False, True], ids=["samples", "dropping-map"])
+def test_ranks_catch_every_rank_reading_the_same_samples(nine, dropping):
     """Every rank drew the same sequence (yaak-ai/rbyte PR 106's shape): the first window."""
-    got = run_ranks(rank_unsharded, 2, nine)
+    got = run_ranks(rank_unsharded, 2, nine, dropping)
     for rank, (kind, text) in enumerate(got):
         assert kind == "duplicate"
         assert f"rank {rank}: epoch 0, step 4: duplicate: ranks 0 and 1 yielded the same 8" in text
@@ -258,20 +275,49 @@ def test_ranks_catch_different_shard_lists(nine):
         assert "other shard lists" in text and "rank(s) 0" in text and "rank(s) 1" in text
 
 
-class StuckSharder(IndexSharderIterDataPipe):
-    """A faulty sharder: whatever rank it is given, it reads rank 0's range."""
+class FaultySharder(IndexSharderIterDataPipe):
+    """A faulty sharder on one rank: it reads rank 0's range, or its own range wrong.
+
+    ``fault``: ``"stuck"`` (whatever rank it is given, rank 0's range), ``"skip"`` (its first
+    range without its first sample: a skipped stretch), ``"shift"`` (its first range one
+    sample earlier: as many samples, one of them rank 0's, one of its own never read).
+    """
+
+    def __init__(self, source, fault, paths):
+        super().__init__(source)
+        self.fault = fault
+        self.paths = paths
 
     def apply_sharding(self, num_of_instances, instance_id, sharding_group=None):
-        super().apply_sharding(num_of_instances, 0, sharding_group)
+        stuck = 0 if self.fault == "stuck" else instance_id
+        super().apply_sharding(num_of_instances, stuck, sharding_group)
+
+    def __iter__(self):
+        # The honest stage's generator, not its __iter__: torch's hook around that would count
+        # a second iterator of this stage and invalidate the first.
+        ranges = IndexSharderIterDataPipe.__iter__.__wrapped__(self)
+        first = next(ranges, None)
+        if first is None:
+            return
+        if self.fault in ("skip", "shift"):
+            urls = [str(first)]
+            index = ShardIndex.load(default_index_url(self.paths))
+            entry = index.shards[int(index.positions(urls)[0])]
+            start, stop = first.start + 1, first.stop
+            if self.fault == "shift":
+                start, stop = first.start - 1, first.stop - 1
+            first = ShardRange(str(first), start, stop, *entry.byte_range(start, stop))
+        yield first
+        yield from ranges
 
 
-StuckSharder.__name__ = "IndexSharderIterDataPipe"  # the same plan as the honest stage
+FaultySharder.__name__ = "IndexSharderIterDataPipe"  # the same plan as the honest stage
 
 
-def rank_whole_epoch(rank, world, paths, stuck_rank):
+def rank_whole_epoch(rank, world, paths, faulty_rank, fault="stuck", dropping=False):
     urls = IterableWrapper(paths).shuffle()
-    sharded = StuckSharder(urls) if rank == stuck_rank else urls.sharding_by_index()
-    dp = sharded.open_files_by_fsspec().load_from_tar().webdataset().batch(2)
+    sharded = FaultySharder(urls, fault, paths) if rank == faulty_rank else urls.sharding_by_index()
+    dp = _tail(sharded, dropping)
     try:
         with DataLoader2(dp, reading_service=_rs()) as dl:
             dl.attest(every=100)  # longer than the epoch: only its end is checked
@@ -287,31 +333,50 @@ def even(tmp_path_factory):
 
 
 @pytest.mark.distributed
-def test_epoch_check_against_the_plan(even):
-    honest = run_ranks(rank_whole_epoch, 2, even, -1)
+@pytest.mark.parametrize("dropping", [False, True], ids=["samples", "dropping-map"])
+def test_epoch_check_against_the_plan(even, dropping):
+    honest = run_ranks(rank_whole_epoch, 2, even, -1, "stuck", dropping)
     assert [kind for kind, _ in honest] == ["ok", "ok"]
     keys = [k for _, batches in honest for b in batches for k in b]
     assert len(keys) == len(set(keys)) == 32  # the check passed a run that is right
-    stuck = run_ranks(rank_whole_epoch, 2, even, 1)  # rank 1 reads rank 0's range
+    stuck = run_ranks(rank_whole_epoch, 2, even, 1, "stuck", dropping)  # rank 0's range on 1
     for rank, (kind, text) in enumerate(stuck):
         assert kind == "duplicate", text
         assert f"rank {rank}: epoch 0, step 8: duplicate: ranks 0 and 1 yielded the same 16" in text
 
 
+@pytest.mark.distributed
+@pytest.mark.parametrize("dropping", [False, True], ids=["samples", "dropping-map"])
+@pytest.mark.parametrize(
+    ("fault", "verdict", "what"),
+    [
+        ("skip", "skipped", "yielded 31 samples this epoch, the plan 32: 1 of the dataset's"),
+        ("shift", "other-range", "yielded 32 samples this epoch, the plan 32: as many samples"),
+    ],
+    ids=["skipped-stretch", "wrong-range"],
+)
+def test_epoch_end_verdicts(even, fault, verdict, what, dropping):
+    """A rank reads a stretch too few, or a range one sample off: found at the epoch's end."""
+    got = run_ranks(rank_whole_epoch, 2, even, 1, fault, dropping)
+    for rank, (kind, text) in enumerate(got):
+        assert kind == verdict, text
+        assert f"rank {rank}: epoch 0, step 8: {verdict}: the ranks together {what}" in text
+
+
 # --- shardpipes verify ------------------------------------------------------------------------
 
 
-def _states_and_log(paths, log_dir, faulty):
+def _states_and_log(paths, log_dir, faulty, dropping=False):
     """A run saving states after 2 and 4 batches; ``faulty``: the resume restarts at zero."""
     states = []
-    with DataLoader2(_plain(paths, sharded=True)) as dl:
+    with DataLoader2(_plain(paths, sharded=True, dropping=dropping)) as dl:
         dl.attest(log_dir=log_dir)
         dl.seed(1)
         it = iter(dl)
         for _ in range(2):
             next(it)
         states.append(dl.state_dict())
-    with DataLoader2(_plain(paths, sharded=True)) as dl:
+    with DataLoader2(_plain(paths, sharded=True, dropping=dropping)) as dl:
         dl.attest(log_dir=log_dir)
         if faulty:
             dl.seed(1)  # the bug: the state is not loaded, the epoch starts over
@@ -329,9 +394,10 @@ def _states_and_log(paths, log_dir, faulty):
 
 
 @pytest.mark.parametrize("faulty", [False, True], ids=["honest", "restart-at-zero"])
-def test_verify_replays_states_and_logs(nine, tmp_path, faulty):
+@pytest.mark.parametrize("dropping", [False, True], ids=["samples", "dropping-map"])
+def test_verify_replays_states_and_logs(nine, tmp_path, faulty, dropping):
     index = ShardIndex.load(default_index_url(nine))
-    states = _states_and_log(nine, str(tmp_path / "ids"), faulty)
+    states = _states_and_log(nine, str(tmp_path / "ids"), faulty, dropping)
     by_states = verify(index, world=1, workers=0, batch_size=2, states=states)
     by_logs = verify(index, world=1, workers=0, batch_size=2, log_dir=str(tmp_path / "ids"))
     assert [(r.seed, r.epoch, r.expected) for r in by_logs] == [(1, 0, 31)]
@@ -369,3 +435,66 @@ def test_ranks_catch_a_state_dropped_when_the_world_grows(nine):
         assert "rank(s) 1 start without a loader state while rank(s) 0 resume one" in text
     both = run_ranks(rank_resumes, 2, nine, [saved[0], saved[0]])  # the elastic resume, right
     assert [kind for kind, _ in both] == ["ok", "ok"]
+
+
+# --- shardpipes verify, per source of a mixture ------------------------------------------------
+
+
+def _source(paths):
+    return (
+        IterableWrapper(paths)
+        .shuffle()
+        .sharding_by_index()
+        .open_files_by_fsspec()
+        .load_from_tar()
+        .webdataset()
+    )
+
+
+def _mixed_run(a, b, log_dir, runs=1):
+    dp = _source(a).mix(_source(b), repeat=[1, 2], names=["a", "b"]).batch(4)
+    for _ in range(runs):  # a second run of the same epoch: a restart at zero
+        with DataLoader2(dp) as dl:
+            dl.attest(log_dir=log_dir)
+            dl.seed(2)
+            for _ in dl:
+                pass
+
+
+@pytest.fixture(scope="module")
+def two_sources(tmp_path_factory):
+    a = _dataset(tmp_path_factory.mktemp("a"), [7, 6])
+    b = _dataset(tmp_path_factory.mktemp("b"), [5, 4])
+    return a, b
+
+
+@pytest.mark.parametrize("runs", [1, 2], ids=["honest", "restart-at-zero"])
+def test_verify_reports_each_source_of_a_mixture(two_sources, tmp_path, capsys, runs):
+    a, b = two_sources
+    _mixed_run(a, b, str(tmp_path / "ids"), runs)
+    indexes = [ShardIndex.load(default_index_url(p)) for p in (a, b)]
+    (r,) = verify(
+        indexes,
+        world=1,
+        workers=0,
+        batch_size=4,
+        log_dir=str(tmp_path / "ids"),
+        mixture=Mixture(2, repeat=(1, 2)),
+        names=["a", "b"],
+    )
+    assert [(s.name, s.expected) for s in r.sources] == [("a", 13), ("b", 18)]
+    assert [(s.read, s.duplicated, s.missing) for s in r.sources] == [
+        (13 * runs, 13 * (runs - 1), 0),
+        (18 * runs, 18 * (runs - 1), 0),
+    ]
+    assert (r.expected, r.read, r.ok) == (31, 31 * runs, runs == 1)
+    args = ["verify", ",".join(default_index_url(p) for p in (a, b)), "--world", "1"]
+    args += ["--batch-size", "4", "--logs", str(tmp_path / "ids"), "--repeat", "1", "2"]
+    assert main([*args, "--names", "a,b"]) == (0 if runs == 1 else 1)
+    out = capsys.readouterr().out
+    assert (
+        f"source a: expected 13, read {13 * runs}, duplicated {13 * (runs - 1)}, missing 0" in out
+    )
+    assert (
+        f"source b: expected 18, read {18 * runs}, duplicated {18 * (runs - 1)}, missing 0" in out
+    )

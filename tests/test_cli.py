@@ -300,11 +300,32 @@ def test_each_subcommand_module_declares_the_command_it_is_named_for(name, capsy
     out = capsys.readouterr().out
     assert out.startswith(f"usage: shardpipes {name} ")
     assert module.COMMAND.description.split()[0] in out
-    for a in module.COMMAND.args:  # every declared argument reaches the parser
+    declared = [b for a in module.COMMAND.args for b in getattr(a, "args", (a,))]
+    for a in declared:  # every declared argument (also inside one_of) reaches the parser
         shown = (
             a.names[-1] if a.names[-1].startswith("-") else a.options.get("metavar", a.names[-1])
         )
         assert shown in out
+
+
+def test_one_of_refuses_two_of_its_arguments(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(
+            [
+                "verify",
+                "i.json",
+                "--world",
+                "1",
+                "--batch-size",
+                "2",
+                "--repeat",
+                "1",
+                "--choose",
+                "3",
+            ]
+        )
+    assert exit_info.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
 
 
 def test_the_parsed_arguments_call_the_module_run():

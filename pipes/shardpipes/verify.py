@@ -12,6 +12,15 @@ Two kinds of evidence, either or both:
   every sample each rank yielded. Compared with the index's keys, per epoch: the samples
   expected, read, read more than once, and never read (``policy="drop"`` leaves out fewer
   samples than there are readers, by design: they are counted apart).
+
+For a run of a ``mix()`` (``mixture=``, one index per source, in the mix's order) each epoch's
+counts per source come from the mixture (:meth:`~shardpipes.plan.mixture.Mixture.counts`), and
+the id logs are also compared per source (a sample's id names its shard, so its source): the
+samples expected, read, read more often than the epoch's proportion asks, and never read. A
+source read ``q`` times and a fraction ``r`` more per epoch has each sample read ``q`` or
+``q + 1`` times; a source read less than once per epoch (``choose``, ``repeat < 1``) has no
+sample read twice, and ``missing`` counts its shortfall. The states count batches, not
+sources: they give the epoch's totals only.
 """
 
 from __future__ import annotations
@@ -26,10 +35,29 @@ from typing import Any
 import numpy as np
 
 from shardpipes.index.document import ShardIndex
-from shardpipes.plan.identity import sample_id
+from shardpipes.plan.identity import sample_id, shard_hash
+from shardpipes.plan.mixture import Mixture
 from shardpipes.plan.readers import batches, per_reader
 
-__all__ = ["EpochReport", "read_id_log", "verify"]
+__all__ = ["EpochReport", "SourceReport", "read_id_log", "verify"]
+
+
+@dataclass
+class SourceReport:
+    """What one epoch read of one source of a mixture (samples over all ranks)."""
+
+    name: str
+    expected: int
+    read: int = 0
+    duplicated: int = 0
+    missing: int = 0
+
+    def line(self) -> str:
+        """One line of the printed report."""
+        return (
+            f"source {self.name}: expected {self.expected}, read {self.read}, "
+            f"duplicated {self.duplicated}, missing {self.missing}"
+        )
 
 
 @dataclass
@@ -44,6 +72,7 @@ class EpochReport:
     missing: int = 0
     dropped_by_policy: int = 0
     notes: list[str] = field(default_factory=list)
+    sources: list[SourceReport] = field(default_factory=list)
 
     def line(self) -> str:
         """One line of the printed report."""
@@ -53,7 +82,8 @@ class EpochReport:
         )
         if self.dropped_by_policy:
             text += f" (+{self.dropped_by_policy} left out by policy 'drop')"
-        return text + "".join(f"\n    {n}" for n in self.notes)
+        lines = [s.line() for s in self.sources] + self.notes
+        return text + "".join(f"\n    {n}" for n in lines)
 
     @property
     def ok(self) -> bool:
@@ -74,15 +104,19 @@ def read_id_log(path: str) -> list[tuple[int, int, int, np.ndarray]]:
     return out
 
 
-def _plan(index: ShardIndex, world: int, workers: int, batch: int, policy: str) -> tuple[int, int]:
+def _plan(total: int, world: int, workers: int, batch: int, policy: str) -> tuple[int, int]:
     """(samples read per epoch over all readers, batches per rank per epoch)."""
     readers = world * max(workers, 1)
-    each = per_reader(index.num_samples, readers, policy)
+    each = per_reader(total, readers, policy)
     return each * readers, batches(each, batch, False) * max(workers, 1)
 
 
+def _indexes(index: ShardIndex | Sequence[ShardIndex]) -> list[ShardIndex]:
+    return [index] if isinstance(index, ShardIndex) else list(index)
+
+
 def verify(
-    index: ShardIndex,
+    index: ShardIndex | Sequence[ShardIndex],
     *,
     world: int,
     workers: int,
@@ -90,14 +124,49 @@ def verify(
     policy: str = "drop",
     states: Sequence[dict[str, Any]] = (),
     log_dir: str | None = None,
+    mixture: Mixture | None = None,
+    names: Sequence[str] | None = None,
 ) -> list[EpochReport]:
-    """Replay the plan of a run; return one report per epoch seen (see the module docstring)."""
-    per_epoch, length = _plan(index, world, workers, batch_size, policy)
+    """Replay the plan of a run; return one report per epoch seen (see the module docstring).
+
+    Args:
+        index: The index of the data the run read; for a mixture, one per source.
+        world: Ranks.
+        workers: Worker processes per rank.
+        batch_size: The ``batch()``'s size.
+        policy: ``sharding_by_index``'s policy (``"drop"`` or ``"pad"``).
+        states: The run's loader states, in the order they were saved.
+        log_dir: The folder of the id logs (``dl.attest(log_dir=...)``).
+        mixture: The run's :class:`~shardpipes.plan.mixture.Mixture` (the arguments of its
+            ``mix()``), for a mixture.
+        names: The mixture's sources' names. Default: ``0``, ``1``, ...
+    """
+    indexes = _indexes(index)
+    if mixture is None and len(indexes) != 1:
+        raise ValueError(f"{len(indexes)} indexes without a mixture: pass mixture=Mixture(...)")
+    if mixture is not None and mixture.sources != len(indexes):
+        raise ValueError(f"a mixture of {mixture.sources} sources, {len(indexes)} indexes")
+    labels = list(names) if names is not None else [str(i) for i in range(len(indexes))]
+    if len(labels) != len(indexes):
+        raise ValueError(f"{len(labels)} names for {len(indexes)} sources")
+    sizes = [ix.num_samples for ix in indexes]
+
+    def counts(epoch: int) -> list[int]:
+        return mixture.counts(sizes, epoch) if mixture is not None else sizes
+
+    def plan(epoch: int) -> tuple[int, int]:
+        # A mixture's readers get equal shares of its positions, the rest left out ("drop").
+        return _plan(sum(counts(epoch)), world, workers, batch_size, policy)
+
+    per_epoch, length = plan(0)
     reports: dict[tuple[int, int], EpochReport] = {}
 
     def report(seed: int, epoch: int) -> EpochReport:
         if (seed, epoch) not in reports:
-            reports[seed, epoch] = EpochReport(seed, epoch, per_epoch)
+            r = EpochReport(seed, epoch, plan(epoch)[0])
+            if mixture is not None:
+                r.sources = [SourceReport(n, c) for n, c in zip(labels, counts(epoch), strict=True)]
+            reports[seed, epoch] = r
         return reports[seed, epoch]
 
     scale = batch_size * world  # samples per batch position, over all ranks
@@ -136,21 +205,64 @@ def verify(
                 )
         prev = here
     for key, r in reports.items():
-        r.read = min(reached.get(key, 0) * scale, per_epoch)
+        r.read = min(reached.get(key, 0) * scale, r.expected)
         if prev is not None and key[0] == prev[0] and key[1] < prev[1]:
-            r.missing = per_epoch - r.read  # an epoch the run left behind
+            r.missing = r.expected - r.read  # an epoch the run left behind
     if log_dir is not None:
-        _compare_logs(index, log_dir, reports, report, per_epoch)
+        if mixture is None:
+            _compare_logs(indexes[0], log_dir, reports, report, per_epoch)
+        else:
+            _compare_mixture_logs(indexes, log_dir, report)
     return [reports[k] for k in sorted(reports)]
+
+
+def _read_logs(log_dir: str) -> dict[tuple[int, int], Counter[int]]:
+    counts: dict[tuple[int, int], Counter[int]] = {}
+    for path in sorted(glob.glob(os.path.join(log_dir, "ids-rank*.bin"))):
+        for seed, epoch, _, ids in read_id_log(path):
+            counts.setdefault((seed, epoch), Counter()).update(ids.tolist())
+    return counts
+
+
+def _compare_mixture_logs(indexes: list[ShardIndex], log_dir: str, report: Any) -> None:
+    """Per epoch and per source: the ids of the logs against each source's count."""
+    source_of = {shard_hash(s.url): i for i, ix in enumerate(indexes) for s in ix.shards}
+    members = [{sample_id(s.url, k) for s in ix.shards for k in s.keys} for ix in indexes]
+    for (seed, epoch), seen in _read_logs(log_dir).items():
+        r = report(seed, epoch)
+        split: list[Counter[int]] = [Counter() for _ in indexes]
+        strangers = 0
+        for i, c in seen.items():
+            src = source_of.get(i >> 32)
+            if src is None or i not in members[src]:
+                strangers += c
+            else:
+                split[src][i] = c
+        for src, got, ids in zip(r.sources, split, members, strict=True):
+            size = len(ids)
+            src.read = sum(got.values())
+            most = -(-src.expected // size) if size else 0  # ceil: a sample's reads at most
+            over = sum(c - most for c in got.values() if c > most)
+            src.duplicated = max(over, src.read - src.expected)
+            least = src.expected // size if size else 0
+            if least:  # every sample is read at least this often
+                src.missing = sum(max(0, least - got.get(i, 0)) for i in ids)
+            else:
+                src.missing = max(0, src.expected - len(got))
+        r.read = sum(seen.values())
+        r.duplicated = sum(x.duplicated for x in r.sources)
+        missed = sum(x.missing for x in r.sources)
+        dropped = sum(x.expected for x in r.sources) - r.expected  # left out to keep readers equal
+        r.dropped_by_policy = min(missed, dropped)
+        r.missing = missed - r.dropped_by_policy
+        if strangers:
+            r.notes.append(f"{strangers} ids that no source's index lists (another dataset?)")
 
 
 def _compare_logs(
     index: ShardIndex, log_dir: str, reports: dict[Any, EpochReport], report: Any, per_epoch: int
 ) -> None:
-    counts: dict[tuple[int, int], Counter[int]] = {}
-    for path in sorted(glob.glob(os.path.join(log_dir, "ids-rank*.bin"))):
-        for seed, epoch, _, ids in read_id_log(path):
-            counts.setdefault((seed, epoch), Counter()).update(ids.tolist())
+    counts = _read_logs(log_dir)
     everything = {sample_id(s.url, k) for s in index.shards for k in s.keys}
     for (seed, epoch), seen in counts.items():
         r = report(seed, epoch)

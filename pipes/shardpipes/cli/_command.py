@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["NO_PROGRESS", "WORLD", "Arg", "Command", "arg", "flag", "register"]
+__all__ = ["NO_PROGRESS", "WORLD", "Arg", "Command", "OneOf", "arg", "flag", "one_of", "register"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,18 @@ def flag(*names: str, help: str) -> Arg:
     return Arg(names, {"action": "store_true", "help": help})
 
 
+@dataclass(frozen=True)
+class OneOf:
+    """Arguments of which at most one may be given (argparse's mutually exclusive group)."""
+
+    args: tuple[Arg, ...]
+
+
+def one_of(*args: Arg) -> OneOf:
+    """At most one of ``args`` on a command line."""
+    return OneOf(args)
+
+
 NO_PROGRESS = flag("--no-progress", help="no progress bar")
 WORLD = arg("--world", type=int, required=True, metavar="R", help="ranks")
 
@@ -44,7 +56,7 @@ class Command:
     name: str
     help: str
     description: str
-    args: tuple[Arg, ...]
+    args: tuple[Arg | OneOf, ...]
 
 
 def register(
@@ -55,6 +67,11 @@ def register(
         command.name, help=command.help, description=command.description
     )
     for a in command.args:
-        parser.add_argument(*a.names, **a.options)
+        if isinstance(a, OneOf):
+            group = parser.add_mutually_exclusive_group()
+            for b in a.args:
+                group.add_argument(*b.names, **b.options)
+        else:
+            parser.add_argument(*a.names, **a.options)
     parser.set_defaults(func=run)
     return parser

@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from shardpipes.dataloader2._binding import data_digest
 from shardpipes.errors import AttestationError, AttestationWarning
-from shardpipes.plan.identity import MASK, sample_id, term
+from shardpipes.plan.identity import MASK, SampleIds, id_term, sample_id
 
 __all__ = ["Attestor", "Policy", "batch_ids", "batch_samples"]
 
@@ -74,7 +74,14 @@ def batch_samples(item: Any) -> list[tuple[str, str]] | None:
 
 
 def batch_ids(item: Any) -> list[int] | None:
-    """The 64-bit ids of the samples in ``item`` (see :func:`batch_samples`)."""
+    """The 64-bit ids of the samples in ``item``: its ``ids``, else from its samples' keys.
+
+    ``item.ids`` is the :class:`SampleIds` the loader's graph set on the batch; without it the
+    ids come from the samples' ``__url__`` and ``__key__`` (see :func:`batch_samples`).
+    """
+    carried = getattr(item, "ids", None)
+    if type(carried) is SampleIds:
+        return list(carried)
     found = batch_samples(item)
     return None if found is None else [sample_id(url, key) for url, key in found]
 
@@ -108,6 +115,11 @@ class Attestor:
         self._timeout = 1800.0
         self._plan_hash = ""
         self._log: Any = None
+
+    @property
+    def wants_ids(self) -> bool:
+        """Whether batches should carry their samples' ids (a check interval or an id log)."""
+        return self.policy != "off" and (self.every is not None or self.log_dir is not None)
 
     def configure(self, every: int | None, policy: Policy, log_dir: str | None) -> None:
         """Set the interval (batches), the policy and the folder of the per-rank id logs."""
@@ -185,17 +197,17 @@ class Attestor:
         self.steps += 1
         if self.policy == "off" or (self.every is None and self.log_dir is None):
             return
-        found = batch_samples(item)
-        if found is not None:
+        ids = batch_ids(item)
+        if ids is not None:
             d = self._digest
-            for url, key in found:
-                d += term(url, key)
+            for i in ids:
+                d += id_term(i)
             self._epoch_digest = (self._epoch_digest + d - self._digest) & MASK
             self._digest = d & MASK
-            self._ids += len(found)
-            self._epoch_ids += len(found)
+            self._ids += len(ids)
+            self._epoch_ids += len(ids)
             if self.log_dir is not None:
-                self._write(consumed, [sample_id(url, key) for url, key in found])
+                self._write(consumed, ids)
         if self.every is not None and consumed % self.every == 0 and self._distributed:
             self._check(consumed)
 

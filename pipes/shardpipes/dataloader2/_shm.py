@@ -91,10 +91,19 @@ def _swap(x: Any, depth: int, found: list[bytes]) -> Any:
         found.append(x)
         return _Ref(len(found) - 1)
     if depth and (isinstance(x, list) or kind is tuple):  # batches are often DataChunk lists
-        return kind([_swap(v, depth - 1, found) for v in x])
+        return _keep_attrs(x, kind([_swap(v, depth - 1, found) for v in x]))
     if depth and kind is dict:
         return {k: _swap(v, depth - 1, found) for k, v in x.items()}
     return x
+
+
+def _keep_attrs(old: Any, new: Any) -> Any:
+    # A batch's sample ids (``batch.ids``, docs/attestation.md) go with it; not its other
+    # attributes (a DataChunk's ``items`` is its list of values, which were just swapped).
+    ids = getattr(old, "ids", None)
+    if ids is not None and hasattr(new, "__dict__"):
+        new.ids = ids
+    return new
 
 
 def _restore(x: Any, depth: int, values: list[Any]) -> Any:
@@ -102,7 +111,7 @@ def _restore(x: Any, depth: int, values: list[Any]) -> Any:
     if kind is _Ref:
         return values[x.i]
     if depth and (isinstance(x, list) or kind is tuple):
-        return kind([_restore(v, depth - 1, values) for v in x])
+        return _keep_attrs(x, kind([_restore(v, depth - 1, values) for v in x]))
     if depth and kind is dict:
         return {k: _restore(v, depth - 1, values) for k, v in x.items()}
     return x

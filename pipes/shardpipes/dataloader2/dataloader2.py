@@ -25,6 +25,7 @@ from shardpipes.dataloader2.graph import (
     refuse_unsupported,
     resume_shape,
 )
+from shardpipes.dataloader2.graph.identity import carry_ids
 from shardpipes.dataloader2.graph.mixing import check_mixture_state, mixture_state
 from shardpipes.dataloader2.random.seed_generator import SeedGenerator, int64_seed
 from shardpipes.dataloader2.reading_service import (
@@ -37,7 +38,7 @@ from shardpipes.dataloader2.reading_service import (
     handed,
 )
 from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe
-from shardpipes.errors import ShardingWarning, StateMismatchError
+from shardpipes.errors import AttestationWarning, ShardingWarning, StateMismatchError
 from shardpipes.handlers import SkipStats
 from shardpipes.plan.epoch import EpochPlan
 from shardpipes.plan.resume import Segment
@@ -273,6 +274,14 @@ class DataLoader2(Generic[T]):
         (one collective, at its start) and fold no ids: the per-batch cost of folding was
         measured above 1% of a small-sample loader's time (``benchmarks/attest_cost.py``).
 
+        With ``every`` or ``log_dir``, the graph the loader makes at its first epoch carries each
+        sample's id from the reader to its batch, beside the sample (``batch.ids``), so the ids
+        survive a ``map`` that drops ``__url__`` and ``__key__``: call this before the first
+        epoch. Where a stage between ``webdataset()`` and ``batch()`` could drop, add or reorder
+        samples (``filter``, ``flatmap``, a stage of your own), an ``AttestationWarning`` says
+        the ids are not carried, and batches are checked by their samples' keys if they keep
+        them, else by position only.
+
         Args:
             every: Batches between two checks (``None``: only at epoch starts). Default: ``64``.
             policy: ``"raise"`` (default), ``"warn"`` or ``"off"``.
@@ -342,6 +351,10 @@ class DataLoader2(Generic[T]):
         if self._graph is None:
             refuse_unsupported(self.datapipe)  # before any reader starts
             graph = lean_graph(copy_graph(self.datapipe))
+            if self._attest.wants_ids:  # ids beside the samples, to their batches (batch.ids)
+                graph, note = carry_ids(graph)
+                if note is not None:
+                    warnings.warn(note, AttestationWarning, stacklevel=2)
             if self.reading_service_state is not None:
                 if not isinstance(self.reading_service, CheckpointableReadingServiceInterface):
                     raise TypeError("Cannot restore from non-checkpointable reading service")

@@ -8,10 +8,11 @@ Keys are unique within a shard (the WebDataset rule), so two samples share an id
 shard URLs *and* two keys collide at once.
 
 A digest folds samples order-independently (a sum of 64-bit terms modulo 2**64, one term per
-sample, :func:`term`: two CRCs of the key, one of them seeded with the shard's hash, so the term
-depends on shard and key together): a window of batches has the same digest whatever order the
-sample shuffle chose, two readers that yield the same samples have the same digest, and the
-digest of a run is the sum of the digests of its parts.
+sample, :func:`term`: the id spread over 64 bits by SplitMix64's finaliser, so a digest is a
+function of the ids alone and batches that carry only their ids, :class:`SampleIds`, fold the
+same as samples that carry their URL and key): a window of batches has the same digest whatever
+order the sample shuffle chose, two readers that yield the same samples have the same digest,
+and the digest of a run is the sum of the digests of its parts.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import os
 import zlib
 from collections.abc import Iterable
 
-__all__ = ["MASK", "digest", "mix", "sample_id", "shard_hash", "term"]
+__all__ = ["MASK", "SampleIds", "digest", "id_term", "mix", "sample_id", "shard_hash", "term"]
 
 MASK = (1 << 64) - 1
 _SHARDS: dict[str, int] = {}  # URL -> its 32-bit hash; shards are few, samples many
@@ -52,10 +53,20 @@ def mix(value: int) -> int:
     return z ^ (z >> 31)
 
 
+def id_term(value: int) -> int:
+    """The digest term of the sample whose id is ``value``."""
+    return mix(value)
+
+
 def term(url: str, key: str) -> int:
-    """The digest term of the sample ``key`` of the shard ``url`` (about 0.3 us)."""
-    kb = key.encode()
-    return (zlib.crc32(kb, shard_hash(url)) << 32) | zlib.crc32(kb)
+    """The digest term of the sample ``key`` of the shard ``url``: ``id_term(sample_id(url, key))``."""
+    return mix(sample_id(url, key))
+
+
+class SampleIds(tuple[int, ...]):
+    """The ids of a batch's samples, in the batch's order (``batch.ids``, set by the loader's graph)."""
+
+    __slots__ = ()
 
 
 def digest(samples: Iterable[tuple[str, str]]) -> int:
