@@ -190,3 +190,39 @@ def test_round_robin_and_pickling(shards):
     indexed_mix = with_index(shards["a"], "a").mix(with_index(shards["b"], "b"), repeat=[1, 1])
     again = pickle.loads(pickle.dumps(indexed_mix))
     assert type(again) is Mixer and _flat([list(again)]) == _flat([list(indexed_mix)])
+
+
+# --- under DistributedReadingService: 2 gloo ranks -------------------------------------------------
+
+
+def _dist_run(rank: int, world: int, shards: dict[str, list[str]], k: int) -> Any:
+    from shardpipes.dataloader2 import DistributedReadingService
+
+    def service() -> Any:
+        return DistributedReadingService(timeout=60)
+
+    with DataLoader2(mixed(shards), reading_service=service()) as dl:
+        dl.seed(3)
+        first = [list(b) for b in dl]
+        dl.seed(3)
+        again = [list(b) for b in dl]
+        dl.seed(3)
+        it = iter(dl)
+        head = [list(next(it)) for _ in range(k)]
+        state = pickle.loads(pickle.dumps(dl.state_dict()))
+    with DataLoader2(mixed(shards), reading_service=service()) as dl:
+        dl.load_state_dict(state)
+        tail = [list(b) for b in dl]
+    return first, again, head + tail
+
+
+@pytest.mark.distributed
+def test_two_ranks_same_batches_equal_counts_and_replay_resume(shards):
+    from _dist import run_ranks
+
+    ranks = run_ranks(_dist_run, 2, shards, 2, timeout=200)
+    assert len({len(first) for first, _, _ in ranks}) == 1  # equal batches per rank
+    for first, again, resumed in ranks:
+        assert first == again and resumed == first
+    seen = _flat([b for first, _, _ in ranks for b in first])
+    assert set(seen.values()) == {1}  # the ranks read disjoint shards
