@@ -128,7 +128,10 @@ def test_the_plan_imports_without_torch():
     code = (
         "import sys, shardpipes, shardpipes.plan, shardpipes.errors\n"
         "import "
-        + ", ".join(f"shardpipes.plan.{m.stem}" for m in (PACKAGE / "plan").glob("[a-z]*.py"))
+        + ", ".join(
+            "shardpipes.plan." + ".".join(m.relative_to(PACKAGE / "plan").with_suffix("").parts)
+            for m in (PACKAGE / "plan").rglob("[a-z]*.py")
+        )
         + "\n"
         "loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'shardpipes.datapipes')))\n"
         "assert not loaded, loaded\n"

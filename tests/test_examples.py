@@ -13,6 +13,7 @@ installs both and runs them). They skip when their package is not importable, ex
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import signal
@@ -31,6 +32,7 @@ TESTED = {
     "external_consumer.py": "test_external_consumer_readers_are_disjoint_and_cover_the_data",
     "s3_stream.py": "test_s3_stream_reads_every_sample_from_moto",
     "lightning_ddp.py": "test_lightning_ddp_ranks_run_equal_batches",
+    "lightning_mixing.py": "test_lightning_mixing_resumes_exactly_under_ddp",
     "ray_train.py": "test_ray_train_workers_run_equal_batches",
 }
 
@@ -282,6 +284,29 @@ def test_lightning_ddp_ranks_run_equal_batches(tmp_path):
     assert sorted(seen) == [(0, 0), (0, 1), (1, 0), (1, 1)], out
     for epoch in (0, 1):
         assert seen[epoch, 0] == seen[epoch, 1] > 0, out
+
+
+@pytest.mark.heavy
+@pytest.mark.timeout(4 * TIMEOUT)
+def test_lightning_mixing_resumes_exactly_under_ddp(tmp_path):
+    # Straight through 20 steps (an epoch is 16); then checkpoints every 5 steps, and a run
+    # resumed from step 5: every rank takes exactly the batches the first run took after it,
+    # across the schedule's change at step 6 and the epoch boundary.
+    require("lightning")
+    data = str(tmp_path / "data")
+
+    def run(*flags: str) -> str:
+        cmd = python("lightning_mixing.py", "--data", data, "--steps", "20", *flags)
+        return run_example(cmd, tmp_path, timeout=TIMEOUT)
+
+    run("--seen", "whole")
+    run("--save-every", "5")
+    out = run("--resume", str(tmp_path / "ckpt" / "epoch=0-step=5.ckpt"), "--seen", "tail")
+    assert sorted(out.splitlines()) == ["rank 0: 15 steps", "rank 1: 15 steps"], out
+    for rank in (0, 1):
+        whole = json.loads((tmp_path / f"whole-{rank}.json").read_text())
+        tail = json.loads((tmp_path / f"tail-{rank}.json").read_text())
+        assert len(whole) == 20 * 8 and tail == whole[5 * 8 :]
 
 
 @pytest.mark.heavy

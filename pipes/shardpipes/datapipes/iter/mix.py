@@ -22,6 +22,7 @@ from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import get_all_graph_pipes
 
 from shardpipes.datapipes.iter._index_length import source_of
+from shardpipes.datapipes.iter._mix_draws import DrawnMixerIterDataPipe, indexed
 from shardpipes.datapipes.iter.base import (
     StageIterDataPipe,
     check_picklable_fn,
@@ -102,7 +103,9 @@ class MixerIterDataPipe(StageIterDataPipe[Any]):
     (fewer than the readers) are left out.
 
     Args:
-        *sources: DataPipes of samples, each ``sharding_by_index`` ... one-to-one stages.
+        *sources: DataPipes of samples, each ``sharding_by_index`` ... one-to-one stages. With
+            a source without an index, ``mix()`` draws per reader instead, by ``weights``
+            only (:class:`~shardpipes.datapipes.iter._mix_draws.DrawnMixerIterDataPipe`).
         weights: Per-sample probabilities of the sources; an epoch has ``samples_per_epoch``
             samples (default: the sources' sizes summed), apportioned by weight.
         repeat: Per source, how many times it is read per epoch (``1``: each sample once,
@@ -140,6 +143,16 @@ class MixerIterDataPipe(StageIterDataPipe[Any]):
         >>> len(list(dp))  # 8 + 2 x 4
         16
     """
+
+    def __new__(cls, *sources: IterDataPipe[Any], **kwargs: Any) -> Any:
+        """A :class:`DrawnMixerIterDataPipe` when a source has no shard index, else a mixer.
+
+        Without an index the plan cannot know a source's samples, so ``mix()`` draws per
+        reader instead. Unpickling calls ``__new__`` without sources.
+        """
+        if cls is MixerIterDataPipe and sources and not all(indexed(dp) for dp in sources):
+            return DrawnMixerIterDataPipe(*sources, **kwargs)
+        return super().__new__(cls)
 
     def __init__(
         self,
