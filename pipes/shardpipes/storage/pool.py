@@ -29,7 +29,7 @@ remote stream, so worker processes get them too) or :func:`set_fetch_limits`.
 Examples:
     >>> limits = fetch_limits()
     >>> limits.threads, limits.streams, limits.openers
-    (8, 16, 2)
+    (12, 16, 2)
 """
 
 from __future__ import annotations
@@ -53,10 +53,11 @@ __all__ = [
     "set_fetch_limits",
 ]
 
-# 8 requests of 1-8 MiB in flight fill a 50 ms, 50 MB/s-per-connection store link
-# (benchmarks/object_store.py, docs/cloud-storage.md); 16 streams: one reader's current shard
-# and the shards it opens ahead (at most 8), with room for a few sources read in turn.
-DEFAULT_FETCH_THREADS = 8
+# One reader alone keeps what it had with threads of its own: 12 requests of 1-8 MiB in flight
+# (at 50 ms and 50 MB/s per connection, 12 small blocks read faster than 8: docs/cloud-storage.md,
+# "Which options matter where"). 16 streams: one reader's current shard and the shards it opens
+# ahead (at most 8), with room for a few sources read in turn.
+DEFAULT_FETCH_THREADS = 12
 DEFAULT_OPEN_STREAMS = 16
 _OPENERS = 2
 
@@ -66,7 +67,7 @@ class FetchLimits:
     """The bounds of one process's fetch pool.
 
     Attributes:
-        threads: Fetch threads (requests in flight for read-ahead). Default: ``8``.
+        threads: Fetch threads (requests in flight for read-ahead). Default: ``12``.
         streams: Remote streams holding a read-ahead queue or a connection. Default: ``16``.
         openers: Threads looking up shards ahead. Default: ``2``.
 

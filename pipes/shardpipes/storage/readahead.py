@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
-from shardpipes.storage.pool import ProcessPool, process_pool
+from shardpipes.storage.pool import DEFAULT_FETCH_THREADS, ProcessPool, process_pool
 
 __all__ = [
     "AUTO_MAX_BLOCK",
@@ -45,7 +45,7 @@ __all__ = [
 # at 50 ms to the first byte and 50 MB/s per connection, 8 requests of 2-8 MiB in flight
 # reach 150-300 MB/s; a reader then holds at most 56 MiB ahead + one 8 MiB block = 64 MiB.
 AUTO_MAX_BYTES = 56 << 20
-AUTO_REQUESTS = 12
+AUTO_REQUESTS = DEFAULT_FETCH_THREADS  # a reader alone may use every fetch thread of the process
 AUTO_MAX_BLOCK = 8 << 20
 _MIN_AUTO_BLOCK = 1 << 20
 _AUTO_BLOCKS_PER_OBJECT = 4
