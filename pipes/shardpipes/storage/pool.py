@@ -99,6 +99,8 @@ def _env_limit(name: str, default: int) -> int:
 class Lane(Protocol):
     """What the pool needs of one reader's read-ahead (:class:`~shardpipes.storage.readahead.Readahead`)."""
 
+    in_flight: int
+
     def wanted(self) -> int:
         """Fetch threads this lane could keep busy now."""
 
@@ -166,13 +168,19 @@ class ProcessPool:
             threading.Thread(target=self._run, name="shardpipes-readahead", daemon=True).start()
 
     def _claim(self) -> tuple[Lane, Any, int, int, int] | None:
+        # Lanes in turn; first those below their share of the threads, so that one reader's
+        # many requests cannot keep another's waiting for more than one request's time.
         n = len(self.lanes)
-        for i in range(n):
-            lane = self.lanes[(self._turn + i) % n]
-            job = lane.claim()
-            if job is not None:
-                self._turn = (self._turn + i + 1) % n  # the next lane goes first next time
-                return (lane, *job)
+        share = max(1, self.limits.threads // max(n, 1))
+        for fair in (True, False):
+            for i in range(n):
+                lane = self.lanes[(self._turn + i) % n]
+                if fair and lane.in_flight >= share:
+                    continue
+                job = lane.claim()
+                if job is not None:
+                    self._turn = (self._turn + i + 1) % n  # the next lane goes first next time
+                    return (lane, *job)
         return None
 
     def _run(self) -> None:
@@ -196,7 +204,8 @@ class ProcessPool:
         fut: Future[Any] = Future()
         with self.cond:
             self._jobs.append((fut, fn, args))
-            if self._openers < min(self.limits.openers, len(self._jobs)):
+            # An opener thread lives only while there are jobs, so each one running is busy.
+            if self._openers < self.limits.openers:
                 self._openers += 1
                 threading.Thread(target=self._open_run, name="shardpipes-open", daemon=True).start()
         return fut
