@@ -139,3 +139,26 @@ def test_limits_are_checked_and_set_per_process():
     finally:
         set_fetch_limits(threads=before.threads, streams=before.streams)
     assert fetch_limits() == before
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd (Linux)")
+def test_35_local_indexed_sources_mixed_keep_file_handles_bounded(local_sources):
+    srcs = [
+        IterableWrapper(paths).sharding_by_index(build_index(paths, progress=False))
+        .open_files_by_fsspec().load_from_tar().webdataset()
+        for paths in local_sources
+    ]  # fmt: skip
+    dp = srcs[0].mix(*srcs[1:], repeat=[1] * SOURCES)
+    handles = len(os.listdir("/proc/self/fd"))
+    got, peak = [], 0
+    for sample in dp:
+        got.append(_ident(sample))
+        peak = max(peak, len(os.listdir("/proc/self/fd")) - handles)
+    assert peak <= fetch_limits().streams  # one handle per source would be 35
+    expected = [(f"s{i:02d}", key) for i, paths in enumerate(local_sources) for key in _keys(paths)]
+    assert sorted(got) == sorted(expected) and len(set(got)) == len(got)
+
+
+def _keys(paths: list[str]) -> list[str]:
+    dp = IterableWrapper(paths).open_files_by_fsspec(mode="rb").load_from_tar().webdataset()
+    return [s["__key__"] for s in dp]

@@ -19,6 +19,11 @@ one source or many:
   read again it reopens at the byte offset it reached (the offset a retry resumes at), so it
   still delivers every byte once, in order. Streams opened ahead wait for a free place.
 
+- **local files** read by byte ranges (what ``sharding_by_index`` gives ``mix()`` and every
+  indexed reader) are :class:`ReopeningFile` objects, which take the same places: at most
+  ``streams`` of them (with the remote streams) hold a file handle; the one that holds it
+  longest closes it and reopens it at its offset when it is read again.
+
 So a process has at most ``threads + openers`` threads of ours and its requests in flight are
 at most ``threads + openers`` plus one per thread that reads (a stream read with
 ``readahead=0`` fetches in the reading thread); connections held between requests belong to
@@ -34,6 +39,7 @@ Examples:
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 import weakref
@@ -48,6 +54,7 @@ __all__ = [
     "DEFAULT_OPEN_STREAMS",
     "FetchLimits",
     "ProcessPool",
+    "ReopeningFile",
     "fetch_limits",
     "process_pool",
     "set_fetch_limits",
@@ -268,6 +275,106 @@ class ProcessPool:
         """Streams holding a place now."""
         with self._places_lock:
             return len(self._places)
+
+
+class ReopeningFile(io.RawIOBase):
+    """A local file read from ``offset`` on, holding its handle only while it has a place.
+
+    Read and seek it as a file opened ``"rb"``; when other streams of the process take its
+    place (it has held it longest), its handle is closed, and the next read opens the file
+    again at the position reached.
+
+    Args:
+        path: The file.
+        offset: Where reading starts. Default: ``0``.
+
+    Raises:
+        OSError: As ``open(path, "rb")`` does (``FileNotFoundError``, ...), at construction.
+
+    Examples:
+        >>> import tempfile, os
+        >>> p = os.path.join(tempfile.mkdtemp(), "a.bin"); _ = open(p, "wb").write(b"abcdef")
+        >>> with ReopeningFile(p, 2) as f:
+        ...     f.read(3), f.try_release(), f.read()
+        (b'cde', True, b'f')
+    """
+
+    def __init__(self, path: str, offset: int = 0) -> None:
+        super().__init__()
+        self.name = path
+        self._pos = offset
+        self._f: io.FileIO | None = None
+        self._use = threading.Lock()
+        self._pool = process_pool()
+        self._reopen()
+
+    def _reopen(self) -> io.FileIO:
+        self._pool.take_place(self)
+        f = io.FileIO(self.name, "r")
+        try:
+            f.seek(self._pos)
+        except BaseException:
+            f.close()
+            raise
+        self._f = f
+        return f
+
+    def readable(self) -> bool:
+        """``True``."""
+        return True
+
+    def seekable(self) -> bool:
+        """``True``."""
+        return True
+
+    def tell(self) -> int:
+        """The position."""
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        """Move to ``offset`` (relative to ``whence``) and return the new position."""
+        with self._use:
+            f = self._f if self._f is not None else self._reopen()
+            self._pos = f.seek(offset, whence)
+            return self._pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        """Read up to ``size`` bytes (all the rest if negative)."""
+        with self._use:
+            f = self._f if self._f is not None else self._reopen()
+            data = f.read(-1 if size is None else size) or b""
+            self._pos += len(data)
+            return data
+
+    def readinto(self, buffer: Any) -> int:
+        """Read into ``buffer``; return the number of bytes read."""
+        with self._use:
+            f = self._f if self._f is not None else self._reopen()
+            n = f.readinto(buffer) or 0
+            self._pos += n
+            return n
+
+    def try_release(self) -> bool:
+        """Close the handle unless the file is being read (the next read reopens it)."""
+        if not self._use.acquire(blocking=False):
+            return False
+        try:
+            f, self._f = self._f, None
+            if f is not None:
+                f.close()
+            return True
+        finally:
+            self._use.release()
+
+    def close(self) -> None:
+        """Close the file; idempotent."""
+        if not self.closed:
+            with self._use:
+                f, self._f = self._f, None
+                if f is not None:
+                    f.close()
+            self._pool.leave(self)
+        super().close()
 
 
 _lock = threading.Lock()
