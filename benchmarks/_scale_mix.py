@@ -15,12 +15,22 @@ version-2 descriptor as ``shardpipes index`` writes it. In a fresh process:
 - **index requests per rank** at job start: each reader process reading every descriptor
   (ranks x workers x sources), against rank 0 reading each once and broadcasting it
   (``DistributedReadingService``), plus the per-shard sample files the rank's readers touch.
+- **threads and connections per process** (``--mixture-read`` alone runs only this): 35 small
+  sources really read, over an HTTP server with Range support started here (each response
+  held back ``--latency-ms``, as a store's first byte is), in a fresh reader process: once as
+  ``mix()`` over indexed sources, once as 0.9's ``mux`` over shard lists without an index
+  (whole shards streamed with read-ahead). Reported: the most threads of shardpipes alive
+  after any sample (by name), the most connections the server held at once, the most remote
+  streams holding a place, and the bound of each (``shardpipes.storage.pool``).
 """
 
 from __future__ import annotations
 
 import os
+import re
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 SOURCES = 35
@@ -168,4 +178,197 @@ def main(opts: Any, run_task: Any, work: str) -> dict[str, Any]:
         f"read once per job; sample files {r['sample_files']}",
         flush=True,
     )
+    return result
+
+
+# --- threads and connections per reader process, measured -----------------------------------
+
+READ_COUNTS = [40, 41]  # samples per shard of each source (two shards)
+_RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
+
+
+class _RangeHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    server: _RangeServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_HEAD(self) -> None:
+        self._serve(head=True)
+
+    def do_GET(self) -> None:
+        self._serve(head=False)
+
+    def _serve(self, head: bool) -> None:
+        path = os.path.join(self.server.root, self.path.lstrip("/").split("?", 1)[0])
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        m = _RANGE.match(self.headers.get("Range", ""))
+        start, end = (
+            (0, len(data))
+            if m is None
+            else (int(m[1]), min(len(data), int(m[2] or len(data) - 1) + 1))
+        )
+        time.sleep(self.server.latency)  # the store's first byte
+        self.send_response(200 if m is None else 206)
+        self.send_header("Accept-Ranges", "bytes")
+        if m is not None:
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
+        self.send_header("Content-Length", str(end - start))
+        self.end_headers()
+        if not head:
+            self.wfile.write(data[start:end])
+
+
+class _RangeServer(ThreadingHTTPServer):
+    """Files under ``root`` with Range support; counts the connections it holds at once."""
+
+    daemon_threads = True
+
+    def __init__(self, root: str, latency: float) -> None:
+        super().__init__(("127.0.0.1", 0), _RangeHandler)
+        self.root, self.latency = root, latency
+        self.now = self.peak = 0
+        self.lock = threading.Lock()
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        with self.lock:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self.lock:
+                self.now -= 1
+
+    def reset_peak(self) -> None:
+        with self.lock:
+            self.peak = self.now
+
+
+def read_task(args: dict[str, Any]) -> dict[str, Any]:
+    """Read the mixture once; the threads, open streams and requests of this process."""
+    import urllib.request
+
+    from shardpipes.datapipes.iter import IterableWrapper
+    from shardpipes.index import build_index
+
+    try:
+        from shardpipes.storage.pool import fetch_limits, process_pool
+    except ImportError:  # a shardpipes from before the pool (PYTHONPATH=...): figures, no bound
+        fetch_limits = process_pool = None
+
+    base = args["base"]
+    groups = [[f"{base}/{rel}" for rel in paths] for paths in args["sources"]]
+
+    def peak_of(dp: Any) -> dict[str, Any]:
+        urllib.request.urlopen(f"{base}/_reset").read()
+        names: set[str] = set()
+        peak = samples = 0
+        for _ in dp:
+            samples += 1
+            ours = [t.name for t in threading.enumerate() if t.name.startswith("shardpipes-")]
+            peak = max(peak, len(ours))
+            names.update(ours)
+        conns = int(urllib.request.urlopen(f"{base}/_peak").read())
+        return {
+            "samples": samples,
+            "threads": peak,
+            "thread_names": sorted(names),
+            "connections": conns,
+        }
+
+    out: dict[str, Any] = {}
+    sources = [
+        IterableWrapper(urls).sharding_by_index(build_index(urls, progress=False))
+        .open_files_by_fsspec().load_from_tar().webdataset()
+        for urls in groups
+    ]  # fmt: skip
+    out["mix"] = peak_of(sources[0].mix(*sources[1:], repeat=[1] * len(sources)))
+    pool = process_pool() if process_pool is not None else None
+    streams_before = pool.peak_streams if pool is not None else 0
+    plain = [
+        IterableWrapper(urls).open_files_by_fsspec(mode="rb", block_size=1 << 16)
+        .load_from_tar().webdataset()
+        for urls in groups
+    ]  # fmt: skip
+    out["mux"] = peak_of(plain[0].mux(*plain[1:]))
+    if pool is None or fetch_limits is None:
+        return out
+    out["mux"]["streams"] = max(pool.peak_streams, streams_before)
+    out["mux"]["evictions"] = pool.evictions
+    limits = fetch_limits()
+    out["bound"] = {
+        "threads": limits.threads + limits.openers,
+        "connections": limits.threads + limits.openers + 1,
+        "streams": limits.streams,
+    }
+    return out
+
+
+class _ControlHandler(_RangeHandler):
+    def _serve(self, head: bool) -> None:
+        if self.path in ("/_reset", "/_peak"):
+            if self.path == "/_reset":
+                self.server.reset_peak()
+            body = str(self.server.peak).encode()  # this request's connection included
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Connection", "close")
+            self.close_connection = True
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        super()._serve(head)
+
+
+def read_main(opts: Any, run_task: Any, work: str) -> dict[str, Any]:
+    """Serve 35 small sources over HTTP and read them in a fresh process (threads, connections)."""
+    from shardpipes.synthetic import write_synthetic
+
+    root = os.path.join(work, "http")
+    rels = []
+    for k in range(SOURCES):
+        paths = write_synthetic(
+            os.path.join(root, f"s{k:02d}"), shards=2, samples=READ_COUNTS, payload_bytes=4000
+        )
+        rels.append([os.path.relpath(p, root) for p in paths])
+    server = _RangeServer(root, opts.latency_ms / 1000)
+    server.RequestHandlerClass = _ControlHandler
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        host, port = server.server_address[:2]
+        result = run_task(
+            {"kind": "mixture-read", "base": f"http://{host}:{port}", "sources": rels},
+            opts.budget * 4,
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+    bound = result.get("bound", {})
+    for name, what in (("mix", "mix() over indexed sources"), ("mux", "mux over shard lists")):
+        r = result.get(name)
+        if r is None:
+            print(f"  {what}: {result.get('error') or result.get('skipped')}", flush=True)
+            continue
+        streams = (
+            f", open streams {r['streams']} (bound {bound['streams']})" if "streams" in r else ""
+        )
+        print(
+            f"  {SOURCES} sources read over HTTP ({opts.latency_ms:g} ms), {what}: {r['samples']} "
+            f"samples; per process: shardpipes threads {r['threads']} (bound "
+            f"{bound.get('threads')}), connections {r['connections']} (bound "
+            f"{bound.get('connections')}){streams}",
+            flush=True,
+        )
     return result

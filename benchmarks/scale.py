@@ -4,6 +4,7 @@
     python benchmarks/scale.py --format v1 --out before.json     # the v1 format
     python benchmarks/scale.py --plot docs/images/scale.png --compare before.json after.json
     python benchmarks/scale.py --mixture --out mix.json           # 35 sources, 1M shards (issue 27)
+    python benchmarks/scale.py --mixture-read                     # threads/connections of a read
 
 For 10k, 100k and 1M shards of 1000 samples each (10^7 to 10^9 samples) it writes a dataset
 descriptor as ``shardpipes index`` would (v1: every sample's key, offset and size in one JSON
@@ -260,9 +261,15 @@ def main() -> int:
     ap.add_argument("--compare", nargs="*", default=(), help="result files to plot")
     ap.add_argument("--mixture", action="store_true", help="35 sources, 1M shards (issue 27)")
     ap.add_argument("--elastic-ranks", type=int, default=64, help="--mixture: restore from R x 8")
+    ap.add_argument(
+        "--mixture-read", action="store_true", help="only threads/connections of a 35-source read"
+    )
+    ap.add_argument("--latency-ms", type=float, default=20.0, help="--mixture: the HTTP server's")
     opts = ap.parse_args()
-    if opts.mixture:
-        result = _scale_mix.main(opts, run_task, opts.work or tempfile.mkdtemp(prefix="mix-"))
+    if opts.mixture or opts.mixture_read:
+        work = opts.work or tempfile.mkdtemp(prefix="mix-")
+        result = {} if opts.mixture_read else _scale_mix.main(opts, run_task, work)
+        result["read"] = _scale_mix.read_main(opts, run_task, work)
         if opts.out:
             with open(opts.out, "w") as f:
                 json.dump(result, f, indent=1)
@@ -411,6 +418,9 @@ def plot(runs: list[dict], path: str) -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "_task":
         job = json.loads(sys.argv[2])
-        print(json.dumps((_scale_mix.task if job["kind"] == "mixture" else task)(job)))
+        run = {"mixture": _scale_mix.task, "mixture-read": _scale_mix.read_task}.get(
+            job["kind"], task
+        )
+        print(json.dumps(run(job)))
         sys.exit(0)
     sys.exit(main())

@@ -283,20 +283,48 @@ class _QuietServer(ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
 
+class Connections:
+    """Connections a server holds open now, and the most it held at once (one thread each)."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.peak = 0
+        self._lock = threading.Lock()
+
+    def change(self, by: int) -> None:
+        with self._lock:
+            self.now += by
+            self.peak = max(self.peak, self.now)
+
+    def reset_peak(self) -> None:
+        """Count the peak from now on (from the connections open now)."""
+        with self._lock:
+            self.peak = self.now
+
+
 class _FileServer(_QuietServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _FileHandler)
         self.behaviour = HTTPBehaviour()
         self.log = _Log()
+        self.connections = Connections()
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        self.connections.change(+1)
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.connections.change(-1)
 
 
 @dataclass
 class HTTPServerHandle:
-    """A running test HTTP server: its base URL, behaviour and request log."""
+    """A running test HTTP server: its base URL, behaviour, request log and open connections."""
 
     url: str
     behaviour: HTTPBehaviour
     log: _Log
+    connections: Connections = field(default_factory=Connections)
 
     def add(self, name: str, data: bytes) -> str:
         """Serve ``data`` at ``/name`` and return its URL."""
@@ -317,7 +345,9 @@ def serving_http() -> Iterator[HTTPServerHandle]:
     thread = _serve(server)
     host, port = server.server_address[:2]
     try:
-        yield HTTPServerHandle(f"http://{host}:{port}", server.behaviour, server.log)
+        yield HTTPServerHandle(
+            f"http://{host}:{port}", server.behaviour, server.log, server.connections
+        )
     finally:
         server.shutdown()
         server.server_close()

@@ -171,7 +171,7 @@ def test_a_stopped_queue_gives_its_budget_back():
     release.set()
     got = [b"".join(iter(q.take, b"")) for q in queues[1:]]
     assert got == [bytes(50), bytes(50)]
-    _wait_for(lambda: pool.threads == 0, "the threads ended")
+    _wait_for(lambda: pool.threads == 0, "the threads ended")  # the process's, none left
     assert (pool.held, pool.blocks, pool.in_flight, pool.queues) == (0, 0, 0, [])
     assert pool.peak_bytes <= 30 and pool.peak_in_flight <= 2
 

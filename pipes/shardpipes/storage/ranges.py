@@ -19,6 +19,7 @@ from shardpipes.errors import (
     ShardFormatError,
     ShardReadError,
 )
+from shardpipes.storage.pool import ReopeningFile
 from shardpipes.storage.remote import open_remote, with_retries
 from shardpipes.storage.retry import Redactor, RetryPolicy
 from shardpipes.storage.source import ReadOptions, Source, resolve
@@ -87,7 +88,7 @@ class _LocalSpans(io.RawIOBase):
 
     def __init__(self, path: str, spans: Sequence[tuple[int, int]]) -> None:
         super().__init__()
-        self._f = open(path, "rb")  # noqa: SIM115  # closed by close()
+        self._f = ReopeningFile(path)  # a handle only while it has a place (storage/pool.py)
         self._spans = list(spans)
         self._i = 0
         self._left = 0
@@ -313,8 +314,8 @@ def read_range(
         if spans:
             raw = _open_spans(source, spans, redactor, retry)
         elif source.local:
-            raw = open(path, "rb")  # noqa: SIM115  # closed by RangeFile.close
-            raw.seek(offset)
+            # Closed by RangeFile.close; holds a handle only while it has a place (storage/pool.py).
+            raw = cast(IO[bytes], ReopeningFile(path, offset))
         elif size <= max_fetch:
             data = with_retries(
                 lambda: fs.cat_file(path, start=offset, end=offset + size), redactor, retry,

@@ -8,16 +8,17 @@ open when one shard ends and the next begins. :class:`Readahead` does this for a
 - every stream of the reader takes a :class:`BlockQueue`, in the order the streams are read;
   the queues' blocks are claimed in that order, as if the shards were one long object, so the
   first blocks of the next shards are requested while the current one is parsed;
-- ``max_requests`` background threads (named ``shardpipes-readahead``) fetch claimed blocks;
-  they end when the reader has no stream left;
+- up to ``max_requests`` of the blocks are in flight at once, fetched by the process's fetch
+  threads (:mod:`shardpipes.storage.pool`: a fixed number per process, shared by every reader,
+  so a mixture of many sources does not multiply them);
 - memory: blocks in flight or fetched and not yet read stay within ``max_bytes`` (and
   ``max_blocks`` when set), over all the reader's streams; plus the block each stream's reader
   holds. A stream whose next block cannot be claimed because other streams hold the budget
   (it is read out of order) fetches that block itself, so nothing waits forever.
 
-:func:`iter_opened` opens the next shards (their look-ups) ahead, in a small thread pool, so
-that their queues exist before they are read; its ``yield`` order and errors are those of
-opening one URL after the other.
+:func:`iter_opened` opens the next shards (their look-ups) ahead, in the process's opener
+threads, while the process has room for more open streams, so that their queues exist before
+they are read; its ``yield`` order and errors are those of opening one URL after the other.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
+
+from shardpipes.storage.pool import DEFAULT_FETCH_THREADS, ProcessPool, process_pool
 
 __all__ = [
     "AUTO_MAX_BLOCK",
@@ -42,7 +45,7 @@ __all__ = [
 # at 50 ms to the first byte and 50 MB/s per connection, 8 requests of 2-8 MiB in flight
 # reach 150-300 MB/s; a reader then holds at most 56 MiB ahead + one 8 MiB block = 64 MiB.
 AUTO_MAX_BYTES = 56 << 20
-AUTO_REQUESTS = 12
+AUTO_REQUESTS = DEFAULT_FETCH_THREADS  # a reader alone may use every fetch thread of the process
 AUTO_MAX_BLOCK = 8 << 20
 _MIN_AUTO_BLOCK = 1 << 20
 _AUTO_BLOCKS_PER_OBJECT = 4
@@ -162,11 +165,16 @@ class BlockQueue:
 class Readahead:
     """Blocks of a reader's streams, fetched in reading order within one memory budget.
 
+    One *lane* of the process's fetch pool (:mod:`shardpipes.storage.pool`): the pool's
+    threads serve the lanes in turn, so ``max_requests`` is reached only while other readers
+    of the process leave threads free.
+
     Args:
         max_bytes: Bytes of blocks in flight or fetched and not yet read, over all streams.
-        max_requests: Requests in flight at once (background threads).
+        max_requests: Requests in flight at once.
         max_blocks: Blocks in flight or fetched and not yet read, or ``None`` for no limit
             beyond ``max_bytes``.
+        shared: The process's pool. Default: :func:`~shardpipes.storage.pool.process_pool`.
 
     Attributes:
         requests: Blocks fetched so far (each one request, plus any retries).
@@ -175,17 +183,21 @@ class Readahead:
     """
 
     def __init__(
-        self, max_bytes: int | None, max_requests: int, max_blocks: int | None = None
+        self,
+        max_bytes: int | None,
+        max_requests: int,
+        max_blocks: int | None = None,
+        shared: ProcessPool | None = None,
     ) -> None:
         self.max_bytes = max_bytes
         self.max_requests = max_requests
         self.max_blocks = max_blocks
-        self.cond = threading.Condition()
+        self.shared = shared if shared is not None else process_pool()
+        self.cond = self.shared.cond  # one lock for every lane of the process
         self.queues: list[BlockQueue] = []
         self.held = 0  # bytes claimed and not yet taken (or stopped)
         self.blocks = 0  # blocks claimed and not yet taken
         self.in_flight = 0
-        self.threads = 0
         self.requests = 0
         self.peak_bytes = 0
         self.peak_in_flight = 0
@@ -193,20 +205,27 @@ class Readahead:
 
     @classmethod
     def for_options(cls, readahead: int | None) -> Readahead:
-        """The pool for ``open_files_by_fsspec``'s ``readahead`` (``None``: automatic)."""
+        """The read-ahead for ``open_files_by_fsspec``'s ``readahead`` (``None``: automatic)."""
         if readahead is None:
             return cls(AUTO_MAX_BYTES, AUTO_REQUESTS)
         return cls(None, readahead, max_blocks=readahead)
+
+    @property
+    def threads(self) -> int:
+        """Fetch threads of the process running now (shared by every lane)."""
+        with self.cond:
+            return self.shared.threads
 
     def queue(self) -> BlockQueue:
         """A queue for the next stream in reading order."""
         q = BlockQueue(self)
         with self.cond:
             self.queues.append(q)
+            self.shared.add_lane(self)
         return q
 
     def replace(self, old: BlockQueue) -> BlockQueue:
-        """A fresh queue in ``old``'s place (after a seek); ``old`` is stopped."""
+        """A fresh queue in ``old``'s place (after a seek), first if ``old`` is gone; ``old`` is stopped."""
         q = BlockQueue(self)
         with self.cond:
             try:
@@ -214,6 +233,7 @@ class Readahead:
             except ValueError:
                 at = 0
             self.queues.insert(at, q)
+            self.shared.add_lane(self)
         old.stop()
         return q
 
@@ -223,17 +243,18 @@ class Readahead:
         """Forget ``q`` (its blocks no longer count)."""
         if q in self.queues:
             self.queues.remove(q)
+            if not self.queues:
+                self.shared.drop_lane(self)
 
     def changed(self) -> None:
         """Wake the fetch threads after the queues or the budget changed."""
-        self.cond.notify_all()
-        wanted = min(
-            self.max_requests,
-            sum(q.max_in_flight for q in self.queues if q.plan is not None),
+        self.shared.changed()
+
+    def wanted(self) -> int:
+        """Requests this lane could have in flight now (what it asks of the pool's threads)."""
+        return min(
+            self.max_requests, sum(q.max_in_flight for q in self.queues if q.plan is not None)
         )
-        while self.threads < wanted:
-            self.threads += 1
-            threading.Thread(target=self._run, name="shardpipes-readahead", daemon=True).start()
 
     def _length(self, q: BlockQueue, idx: int) -> int | None:
         assert q.plan is not None
@@ -271,7 +292,10 @@ class Readahead:
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         return idx, offset, length
 
-    def _claim(self) -> tuple[BlockQueue, int, int, int] | None:
+    def claim(self) -> tuple[BlockQueue, int, int, int] | None:
+        """The next block a fetch thread may start, claimed, or ``None`` (called by the pool)."""
+        if self.in_flight >= self.max_requests:
+            return None
         for q in self.queues:
             if q.plan is None:
                 return None  # its look-up is not done: later streams wait (order is kept)
@@ -308,19 +332,6 @@ class Readahead:
                     q.end = idx + 1 if q.end is None else min(q.end, idx + 1)
             self.changed()
 
-    def _run(self) -> None:
-        try:
-            while True:
-                with self.cond:
-                    while (job := self._claim()) is None:
-                        if not self.queues:
-                            return  # no stream left: the thread ends
-                        self.cond.wait()
-                self.fetch_claimed(*job)
-        finally:
-            with self.cond:
-                self.threads -= 1
-
 
 def iter_opened(
     urls: Iterator[Any],
@@ -330,14 +341,15 @@ def iter_opened(
 ) -> Iterator[tuple[Any, Future[Any] | None, BlockQueue | None]]:
     """Yield ``(url, future of its stream or None, queue)`` in order, opening remote URLs ahead.
 
-    ``open_one(url, queue)`` opens one URL. Remote URLs are opened in a background thread as
-    soon as they are pulled; up to ``_MAX_SHARDS_AHEAD`` are pulled ahead while the bytes of
-    the shards opened ahead stay below the pool's budget. A URL that is not remote (a local
-    file, a cache entry, a sample range) stops the pulling until it is yielded, so stages
-    before this one see the order they would without read-ahead; it is opened by the caller.
+    ``open_one(url, queue)`` opens one URL. Remote URLs are opened in the process's opener
+    threads as soon as they are pulled; up to ``_MAX_SHARDS_AHEAD`` are pulled ahead while the
+    bytes of the shards opened ahead stay below the pool's budget and the process has room for
+    more open streams (the next one is always pulled). A URL that is not remote (a local file,
+    a cache entry, a sample range) stops the pulling until it is yielded, so stages before this
+    one see the order they would without read-ahead; it is opened by the caller.
     """
     ahead: deque[tuple[Any, Future[Any] | None, BlockQueue | None]] = deque()
-    executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="shardpipes-open")
+    shared = pool.shared
     budget = pool.max_bytes if pool.max_bytes is not None else AUTO_MAX_BYTES
     exhausted = False
     try:
@@ -347,6 +359,8 @@ def iter_opened(
                     len(ahead) >= _MAX_SHARDS_AHEAD or _bytes_ahead(ahead) >= budget
                 ):
                     break
+                if ahead and not shared.has_room():
+                    break  # the process's open streams are at their bound: open it at its turn
                 try:
                     url = next(urls)
                 except StopIteration:
@@ -354,7 +368,7 @@ def iter_opened(
                     break
                 if remote(url):
                     q = pool.queue()
-                    ahead.append((url, executor.submit(_open_guarded, open_one, url, q), q))
+                    ahead.append((url, shared.submit(_open_guarded, open_one, url, q), q))
                 else:
                     ahead.append((url, None, None))
             if not ahead:
@@ -364,9 +378,8 @@ def iter_opened(
         for _, fut, pending in ahead:
             if pending is not None:
                 pending.stop()
-            if fut is not None:
+            if fut is not None and not fut.cancel():
                 fut.add_done_callback(_close_result)
-        executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _open_guarded(

@@ -4,7 +4,10 @@
 Background threads fetch the next blocks while the consumer parses the current one, so the
 pipeline stays busy while the network waits. The threads and the memory budget belong to a
 reader (:mod:`shardpipes.storage.readahead`), which may hold several streams: the next shards' blocks are
-fetched, in reading order, while the current one is read; memory is bounded per reader.
+fetched, in reading order, while the current one is read; memory is bounded per reader. The
+threads, and the number of streams that hold a read-ahead queue or a connection, are bounded
+per process (:mod:`shardpipes.storage.pool`): a stream that gives its place up to another
+reopens at the byte offset it reached when it is read again.
 
 Each block is one range request (``fs.cat_file(path, start, end)``). A transient failure (a
 connection reset, a time-out, a 5xx, a short body) is retried with exponential backoff by
@@ -34,6 +37,7 @@ from shardpipes.errors import (
     NotAFileError,
     RetriesExhaustedError,
 )
+from shardpipes.storage.pool import process_pool
 from shardpipes.storage.readahead import BlockQueue, Readahead, auto_block_size
 from shardpipes.storage.retry import (
     Redactor,
@@ -217,6 +221,11 @@ class RemoteStream(io.RawIOBase):
         self._open_kwargs = dict(open_kwargs or {})
         self._halt = threading.Event()  # set on close; stops readahead=0 fetches
         self._lock = threading.Lock()
+        # Held while the stream uses its queue or connection: another stream takes its place
+        # (try_release) only while it is not being read.
+        self._use = threading.RLock()
+        self._released = False
+        self._pool = queue.pool.shared if queue is not None else process_pool()
         self._transport: _RangeTransport | _StreamTransport
         if ranges and size is not None:
             self._transport = _RangeTransport(fs, path, retry.timeout)
@@ -233,7 +242,43 @@ class RemoteStream(io.RawIOBase):
         self._q: BlockQueue | None = None
         if readahead != 0:
             self._q = queue if queue is not None else Readahead.for_options(readahead).queue()
-        self._restart(start)  # a range reader starts where it reads: nothing fetched before
+        with self._use:  # not released half made
+            self._pool.take_place(self)
+            self._restart(start)  # a range reader starts where it reads: nothing fetched before
+
+    # -- the process's bound on open streams --
+
+    def try_release(self) -> bool:
+        """Give this stream's place up, unless it is being read: close the connection, drop the read-ahead.
+
+        Called by the process pool for another stream; the next read reopens at the offset.
+        """
+        if not self._use.acquire(blocking=False):
+            return False
+        try:
+            if self.closed or self._released:
+                return True
+            self._released = True
+            if self._q is not None:
+                self._q.stop()
+            if self._transport.sequential:
+                # A fetch thread may still be reading the old connection: a fresh transport
+                # reopens at the offset, and the old one is closed under it.
+                old, self._transport = (
+                    self._transport,
+                    _StreamTransport(self._fs, self._path, self._retry.timeout, self._open_kwargs),
+                )
+                old.close()
+            return True
+        finally:
+            self._use.release()
+
+    def _hold(self) -> None:
+        """Take (or refresh) this stream's place; after a release, restart at the offset reached."""
+        self._pool.take_place(self)
+        if self._released:
+            self._released = False
+            self._restart(self._next_off)
 
     # -- fetching --
 
@@ -322,6 +367,13 @@ class RemoteStream(io.RawIOBase):
         """The next block of the stream, ``b""`` at the end."""
         if self._failed is not None:
             raise self._failed
+        with self._use:
+            self._hold()
+            return self._next_block_held()
+
+    def _next_block_held(self) -> bytes:
+        if self._failed is not None:
+            raise self._failed
         if self._q is None:  # readahead=0: fetch in the caller's thread
             result: bytes | BaseException
             try:
@@ -339,7 +391,7 @@ class RemoteStream(io.RawIOBase):
             if self._q is not None:
                 self._q = self._q.pool.replace(self._q)
             self._restart(self._next_off)
-            return self._next_block()
+            return self._next_block_held()
         if isinstance(result, BaseException):
             self._failed = result
             raise result
@@ -439,7 +491,10 @@ class RemoteStream(io.RawIOBase):
         else:
             self._buf, self._buf_pos = b"", 0
             self._failed = None
-            self._restart(offset)
+            with self._use:
+                self._pool.take_place(self)
+                self._released = False
+                self._restart(offset)
         self._pos = offset
         return offset
 
@@ -451,6 +506,7 @@ class RemoteStream(io.RawIOBase):
                 self._q.stop()
             self._transport.close()
             self._buf = b""
+            self._pool.leave(self)
         super().close()
 
     def __repr__(self) -> str:

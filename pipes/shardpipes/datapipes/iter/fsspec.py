@@ -172,10 +172,12 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
     range requests by background threads, with one read-ahead for the whole iteration: the
     next remote shards are looked up and their first blocks requested while the current one
     is read. Memory stays bounded (by default at most 56 MiB ahead plus the block being read:
-    64 MiB per reader; see ``docs/cloud-storage.md``). A transient error
-    (connection reset, time-out, 5xx, a response cut short) is retried ``retries`` times with
-    exponential backoff, and the read resumes at the byte offset it had reached: the stream
-    delivers every byte once, in order. Permanent errors (no such key or bucket, 401/403)
+    64 MiB per reader; see ``docs/cloud-storage.md``). The threads and open streams belong to
+    the process, not to the stage: at most 12 fetch threads, 2 opener threads and 16 remote
+    streams per process, however many openers it runs (:mod:`shardpipes.storage.pool`). A
+    transient error (connection reset, time-out, 5xx, a response cut short) is retried
+    ``retries`` times with exponential backoff, and the read resumes at the byte offset it had
+    reached: the stream delivers every byte once, in order. Permanent errors (no such key or bucket, 401/403)
     fail at once, in the order of the URLs.
 
     Args:
