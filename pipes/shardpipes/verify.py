@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from shardpipes.index.document import ShardIndex
-from shardpipes.plan.identity import sample_id, shard_hash
+from shardpipes.plan.identity import sample_id
 from shardpipes.plan.mixture import Mixture
 from shardpipes.plan.readers import batches, per_reader
 
@@ -226,15 +226,15 @@ def _read_logs(log_dir: str) -> dict[tuple[int, int], Counter[int]]:
 
 def _compare_mixture_logs(indexes: list[ShardIndex], log_dir: str, report: Any) -> None:
     """Per epoch and per source: the ids of the logs against each source's count."""
-    source_of = {shard_hash(s.url): i for i, ix in enumerate(indexes) for s in ix.shards}
     members = [{sample_id(s.url, k) for s in ix.shards for k in s.keys} for ix in indexes]
+    source_of = {i: src for src, ids in enumerate(members) for i in ids}
     for (seed, epoch), seen in _read_logs(log_dir).items():
         r = report(seed, epoch)
         split: list[Counter[int]] = [Counter() for _ in indexes]
         strangers = 0
         for i, c in seen.items():
-            src = source_of.get(i >> 32)
-            if src is None or i not in members[src]:
+            src = source_of.get(i)
+            if src is None:
                 strangers += c
             else:
                 split[src][i] = c
