@@ -13,6 +13,10 @@ never waits for a rank that has run out.
 Lightning accepts any iterable as a training loader and leaves it alone: it injects its
 ``DistributedSampler`` only into ``torch.utils.data.DataLoader``, and re-iterates the same
 object each epoch, which is the next epoch for ``DataLoader2`` (seeded once in ``setup``).
+It also checkpoints the loader's ``state_dict()``, fetched one batch ahead of the step: the
+loader goes to Lightning wrapped in ``shardpipes.lightning.LightningLoader``, told in
+``on_before_batch_transfer`` which batch a step takes, so a resumed run neither skips nor
+repeats a batch (docs/mixing.md, "With Lightning").
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from shardpipes.dataloader2 import (
     SequentialReadingService,
 )
 from shardpipes.datapipes.iter import IterableWrapper
+from shardpipes.lightning import LightningLoader
 from shardpipes.synthetic import write_synthetic
 
 FEATURES = 32
@@ -74,6 +79,7 @@ class Classifier(L.LightningModule):
         self.args = args
         self.model = torch.nn.Linear(FEATURES, CLASSES)
         self.dl: DataLoader2[Any] | None = None
+        self.batches_in: LightningLoader[Any] | None = None
         self.tmp: str | None = None
         self.batches = 0
         self.loss_sum = 0.0
@@ -97,10 +103,18 @@ class Classifier(L.LightningModule):
         self.dl = DataLoader2(build_pipeline(pattern, self.args.batch_size), reading_service=rs)
         self.dl.seed(0)  # once: each pass over the loader is the next epoch, in a new order
 
-    def train_dataloader(self) -> DataLoader2[Any]:
+    def train_dataloader(self) -> LightningLoader[Any]:
         if self.dl is None:
             raise RuntimeError("setup() was not called")
-        return self.dl
+        # Lightning checkpoints the loader's state; LightningLoader makes it the state after the
+        # last batch a step took (Lightning fetches one ahead) and keeps every rank's.
+        self.batches_in = LightningLoader(self.dl)
+        return self.batches_in
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if self.trainer.training and self.batches_in is not None:
+            self.batches_in.step()  # a step takes this batch
+        return batch
 
     def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch

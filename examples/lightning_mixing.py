@@ -10,9 +10,9 @@ Lightning saves the training loader's ``state_dict()`` in its checkpoints and re
 ``fit(ckpt_path=...)``; two things make that exact (docs/mixing.md, "With Lightning"):
 
 - Lightning fetches a batch ahead of the step it runs, so the loader's own state is a batch
-  past the last step; ``StepState`` gives Lightning the state after the last batch a step used.
+  past the last step; ``LightningLoader`` gives Lightning the state after the last batch a step used.
 - Lightning writes rank 0's checkpoint only, and a loader state is refused on another rank
-  than the one that saved it; ``StepState`` gathers every rank's state into the checkpoint, and
+  than the one that saved it; ``LightningLoader`` gathers every rank's state into the checkpoint, and
   each rank takes its own back.
 
 ``--seen NAME`` writes each rank's samples, in the order its steps took them, to
@@ -23,14 +23,12 @@ with one that ran straight through).
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 from typing import Any
 
 import lightning as L
 import torch
-import torch.distributed as dist
 
 from shardpipes.dataloader2 import (
     DataLoader2,
@@ -40,6 +38,7 @@ from shardpipes.dataloader2 import (
 )
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.index import build_index
+from shardpipes.lightning import LightningLoader
 from shardpipes.synthetic import write_synthetic
 
 BATCH = 8  # per rank: a step is 2 x 8 samples
@@ -74,57 +73,21 @@ def graph(folder: str) -> Any:
     return mixed.batch(BATCH)
 
 
-class StepState:
-    """The loader as Lightning sees it; its state is that of the batches the steps used."""
-
-    def __init__(self, loader: DataLoader2[Any]) -> None:
-        self.loader = loader
-        self.ahead: collections.deque[dict[str, Any]] = collections.deque()
-        self.used: dict[str, Any] | None = None  # the state after the last batch a step used
-
-    def __iter__(self) -> Any:
-        for batch in self.loader:
-            self.ahead.append(self.loader.state_dict())
-            yield batch
-        end = self.loader.state_dict()  # the same position, as the start of the next epoch
-        if self.ahead:
-            self.ahead[-1] = end
-        else:
-            self.used = end
-
-    def step(self) -> None:
-        self.used = self.ahead.popleft()
-
-    def state_dict(self) -> dict[str, Any]:
-        state = self.loader.state_dict() if self.used is None else self.used
-        if not dist.is_initialized():
-            return state
-        ranks: list[Any] = [None] * dist.get_world_size()  # Lightning writes rank 0's only
-        dist.all_gather_object(ranks, state)
-        return {"ranks": ranks}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "ranks" in state:  # each rank its own (any rank's when the number of ranks changed)
-            rank = dist.get_rank() if dist.is_initialized() else 0
-            state = state["ranks"][rank % len(state["ranks"])]
-        self.loader.load_state_dict(state)
-
-
 class Mixture(L.LightningDataModule):
     def __init__(self, folder: str, workers: int) -> None:
         super().__init__()
         self.folder = folder
         self.workers = workers
-        self.batches: StepState | None = None
+        self.batches: LightningLoader | None = None
 
-    def train_dataloader(self) -> StepState:
+    def train_dataloader(self) -> LightningLoader:
         service = SequentialReadingService(
             DistributedReadingService(),  # the process group Lightning started
             MultiProcessingReadingService(num_workers=self.workers),
         )
         loader = DataLoader2(graph(self.folder), reading_service=service)
         loader.seed(1234)
-        self.batches = StepState(loader)
+        self.batches = LightningLoader(loader)
         return self.batches
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
@@ -134,7 +97,7 @@ class Mixture(L.LightningDataModule):
 
     def teardown(self, stage: str) -> None:
         if self.batches is not None:
-            self.batches.loader.shutdown()
+            self.batches.shutdown()
 
 
 class Model(L.LightningModule):
