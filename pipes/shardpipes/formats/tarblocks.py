@@ -133,14 +133,17 @@ def _chain(
     if not _sums_match(heads):
         return None
     names = heads[:, :100]
-    nul = names == 0
-    # A name ends at its first NUL; "S100" strips only the trailing ones, so bytes after an
-    # inner NUL (rare: written by no common tool) are cleared first.
-    length = np.where(nul.any(axis=1), nul.argmax(axis=1), 100)
-    if (np.count_nonzero(names, axis=1) != length).any():
-        names = names * (np.arange(100) < length[:, None])
     raw = np.ascontiguousarray(names).view("S100").ravel().tolist()
-    text = b"\0".join(raw).decode("utf-8", "surrogateescape").split("\0")
+    joined = b"\0".join(raw)
+    if joined.count(0) != len(raw) - 1:
+        # A name ends at its first NUL; "S100" strips only the trailing ones, so bytes after
+        # an inner NUL (rare: written by no common tool) are cleared first.
+        nul = names == 0
+        length = np.where(nul.any(axis=1), nul.argmax(axis=1), 100)
+        names = names * (np.arange(100) < length[:, None])
+        raw = np.ascontiguousarray(names).view("S100").ravel().tolist()
+        joined = b"\0".join(raw)
+    text = joined.decode("utf-8", "surrogateescape").split("\0")
     where = cand[on] + first
     starts = (where * BLOCK + base).tolist()
     data = ((where + 1) * BLOCK).tolist()
