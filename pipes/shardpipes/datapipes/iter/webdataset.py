@@ -13,7 +13,7 @@ from shardpipes.datapipes.iter.tar import TarArchiveLoaderIterDataPipe
 from shardpipes.errors import SampleFormatError, SkippedInputWarning
 from shardpipes.formats.samples import duplicate_field, key_again, no_extension, split_key
 from shardpipes.formats.stream import StreamBytes
-from shardpipes.formats.tarparse import Span, TarEntry, entries_of
+from shardpipes.formats.tarparse import Span, TarEntry, entries_of, slicer
 from shardpipes.handlers import HandlerLike, SkipStats, resolve_handler
 
 __all__ = ["Columns", "Deferred", "Sample", "WebDatasetIterDataPipe", "materialize", "pathsplit"]
@@ -386,7 +386,7 @@ class _Grouping:
             at = [x[2] for x in spans]
             ends = [x[2] + x[3] for x in spans]
             sizes = [x[3] for x in spans]
-            piece = source.__getitem__
+            piece = source.__getitem__  # views: joined into one copy below
             cols = [list(map(piece, map(slice, at[r::m], ends[r::m]))) for r in range(m)]
             windows = list(map(b"".join, zip(*cols, strict=True)))
             bounds: list[list[int]] = []
@@ -416,7 +416,7 @@ def _decoded(
     """
     at = [x[2] for x in spans]
     ends = [x[2] + x[3] for x in spans]
-    piece = source.__getitem__
+    piece = slicer(source)
     cols = []
     for r, fn in enumerate(fns):
         data = map(piece, map(slice, at[r::m], ends[r::m]))
