@@ -8,6 +8,8 @@ ones with every anomaly the general path reports):
 - ``webdataset()`` fused to ``load_from_tar()`` (runs of whole samples grouped in bulk)
   against the same stage over a source it cannot fuse with (member by member): the same
   samples in the same order, the same skips, the same errors;
+- ``decode()`` straight over ``webdataset()`` (runs of samples decoded from the shard's
+  bytes) against ``decode()`` of the samples: the same samples, values, skips and errors;
 - the lean shuffle holding deferred samples against the same shuffle over the samples
   themselves: the same order.
 """
@@ -175,6 +177,66 @@ def test_fused_grouping_matches_member_by_member(
         return got, dp.skipped.samples, dp.skipped.shards
 
     assert run(fused=True) == run(fused=False)
+
+
+def _picky(data: bytes) -> tuple[int, bytes]:
+    """A decoder that fails on some values (the last byte a multiple of 7)."""
+    if data and data[-1] % 7 == 0:
+        raise ValueError(f"no: {data[-1]}")
+    return len(data), data[-1:]
+
+
+@settings(max_examples=budget(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(SAMPLE, min_size=1, max_size=120),
+    st.sampled_from([b"", b"p" * 40, b"q" * 700]),
+    st.sampled_from(["raise", "skip", "stop"]),
+    st.sampled_from(["raise", "skip", "stop"]),
+    st.sampled_from([8192, 1 << 20]),
+    st.booleans(),
+    st.booleans(),
+    st.data(),
+)
+def test_fused_decoding_matches_decoding_the_samples(
+    tmp_path_factory, samples, payload, wds_handler, handler, chunk_size, mapped, picky, data
+):
+    """decode() straight over webdataset() (runs decoded from the shard's bytes) == decode() of
+    the samples webdataset() yields: samples, field order, value types, skips and errors."""
+    raw = _mutate(bytearray(tar_bytes(_shard(samples, payload), tarfile.USTAR_FORMAT)), data)
+    path = write_bytes(tmp_path_factory.mktemp("s") / "s.tar", raw)
+    tail = tar_bytes(_shard(samples, b""))
+    later = write_bytes(tmp_path_factory.mktemp("t") / "t.tar", tail)
+    decoders = {"cls": _picky, "seg.png": _picky} if picky else {"txt": _picky}
+
+    def run(fused: bool):
+        if mapped:
+            src = IterableWrapper([path, later]).open_files_by_fsspec(mode="rb")
+        else:
+            src = IterableWrapper([(path, io.BytesIO(raw)), (later, io.BytesIO(tail))])
+        wds = src.load_from_tar(chunk_size=chunk_size).webdataset(handler=wds_handler)
+        dp = (wds if fused else wds.map(_same)).decode(decoders=decoders, handler=handler)
+        got = _outcome(lambda: [[(k, type(v), v) for k, v in s.items()] for s in dp])
+        return got, wds.skipped.samples, wds.skipped.shards, dp.skipped.samples
+
+    assert run(fused=True) == run(fused=False)
+
+
+def test_fused_decoding_takes_the_bulk_path(tmp_path):
+    """The benchmark's shape is decoded in runs; the values are what decode() makes."""
+    members = [
+        (f"{i:06d}{ext}", b"%d" % i if ext != ".json" else b'{"i": %d}' % i)
+        for i in range(3000)
+        for ext in (".cls", ".json", ".bin")
+    ]
+    path = write_bytes(tmp_path / "s.tar", tar_bytes(members, tarfile.USTAR_FORMAT))
+    wds = IterableWrapper([path]).open_files_by_fsspec(mode="rb").load_from_tar().webdataset()
+    runs = [x for x in wds.decoded(lambda shape: [None] * len(shape)) if type(x) is list]
+    assert sum(map(len, runs)) > 2900  # all but the heads and tails of parts
+    got = list(wds.decode())
+    assert [(s["__key__"], s[".cls"], s[".json"], bytes(s[".bin"])) for s in got] == [
+        (f"{i:06d}", i, {"i": i}, b"%d" % i) for i in range(3000)
+    ]
+    assert all(type(s[".bin"]).__name__ == "StreamBytes" for s in got)
 
 
 @settings(max_examples=budget(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -113,34 +113,44 @@ def _chain(
     nxt = np.full(len(window), -1, dtype=np.int64)
     ok = plain & (ends <= size_of_buf)  # a member cut by the buffer's end: the general scanner
     nxt[cand[ok]] = cand[ok] + step[ok]
-    follow = nxt.tolist()
-    chain = []
-    b = 0
-    count = len(follow)
-    while b < count:
-        following = follow[b]
-        if following < 0:
-            break
-        chain.append(b)
-        b = following
+    count = len(window)
+    on: Any
+    if len(cand) and cand[0] == 0 and ok.all() and (cand[1:] == nxt[cand[:-1]]).all():
+        # The usual case: every ustar block is a plain header, each the next one's
+        # predecessor, from the window's first block: the chain is all of them (no walk).
+        b = int(nxt[cand[-1]])
+        on = slice(None)
+    else:
+        follow = nxt.tolist()
+        chain = []
+        b = 0
+        while b < count:
+            following = follow[b]
+            if following < 0:
+                break
+            chain.append(b)
+            b = following
+        if not chain:
+            return [], (first + b) * BLOCK, b < count
+        # Every ustar block a header of the chain: no gather needed.
+        on = slice(None) if len(chain) == len(cand) else np.searchsorted(cand, chain)
     at = (first + b) * BLOCK
     rest = b < count  # stopped on a block that is not a plain header (or the end marker)
-    if not chain:
-        return [], at, rest
-    # The usual case: every ustar block is a header of the chain (no gather needed).
-    on: Any = slice(None) if len(chain) == len(cand) else np.searchsorted(cand, chain)
     heads = rows64[on].view(np.uint8)
     if not _sums_match(heads):
         return None
     names = heads[:, :100]
-    nul = names == 0
-    # A name ends at its first NUL; "S100" strips only the trailing ones, so bytes after an
-    # inner NUL (rare: written by no common tool) are cleared first.
-    length = np.where(nul.any(axis=1), nul.argmax(axis=1), 100)
-    if (np.count_nonzero(names, axis=1) != length).any():
-        names = names * (np.arange(100) < length[:, None])
     raw = np.ascontiguousarray(names).view("S100").ravel().tolist()
-    text = b"\0".join(raw).decode("utf-8", "surrogateescape").split("\0")
+    joined = b"\0".join(raw)
+    if joined.count(0) != len(raw) - 1:
+        # A name ends at its first NUL; "S100" strips only the trailing ones, so bytes after
+        # an inner NUL (rare: written by no common tool) are cleared first.
+        nul = names == 0
+        length = np.where(nul.any(axis=1), nul.argmax(axis=1), 100)
+        names = names * (np.arange(100) < length[:, None])
+        raw = np.ascontiguousarray(names).view("S100").ravel().tolist()
+        joined = b"\0".join(raw)
+    text = joined.decode("utf-8", "surrogateescape").split("\0")
     where = cand[on] + first
     starts = (where * BLOCK + base).tolist()
     data = ((where + 1) * BLOCK).tolist()

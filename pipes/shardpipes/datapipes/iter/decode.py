@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from shardpipes.datapipes.iter.base import StageIterDataPipe, check_picklable_fn, register
+from shardpipes.datapipes.iter.webdataset import WebDatasetIterDataPipe
 from shardpipes.errors import DecodeError
 from shardpipes.formats.decoders import DECODERS, lookup
 from shardpipes.formats.decoders import decoders as decoder_table
@@ -142,7 +143,27 @@ class DecoderIterDataPipe(StageIterDataPipe[Sample]):
         # extension is parsed once per name, not once per sample.
         chosen: dict[str, Callable[[bytes], Any] | None] = {}
         policy = self.handler
-        for sample in self.source_datapipe:
+        src = self.source_datapipe
+        samples: Iterable[Any] = src
+        if _fuses(src):
+            # Straight from webdataset(): runs of whole samples come as lists, their fields
+            # decoded from the shard's bytes (no undecoded sample made first); everything else,
+            # and any run with a field that fails to decode, comes as a sample, decoded below.
+            # tests/test_fast_path.py checks both give the same samples, skips and errors.
+            by_shape: dict[tuple[str, ...], list[Callable[[bytes], Any] | None]] = {}
+
+            def columns(shape: tuple[str, ...]) -> list[Callable[[bytes], Any] | None]:
+                fns = by_shape.get(shape)
+                if fns is None:
+                    fns = by_shape[shape] = [lookup(table, ext) for ext in shape]
+                return fns
+
+            src.reset()
+            samples = src.decoded(columns)
+        for sample in samples:
+            if type(sample) is list:
+                yield from sample
+                continue
             out = dict(sample)
             try:
                 for name, value in sample.items():
@@ -162,6 +183,16 @@ class DecoderIterDataPipe(StageIterDataPipe[Sample]):
                     continue
                 return
             yield out
+
+
+def _fuses(src: Any) -> TypeGuard[WebDatasetIterDataPipe]:
+    """Whether ``src`` is a plain ``webdataset()`` stage, whose decoded runs this stage takes."""
+    kind = type(src)
+    return (
+        isinstance(src, WebDatasetIterDataPipe)
+        and kind.__iter__ is WebDatasetIterDataPipe.__iter__
+        and kind._samples is WebDatasetIterDataPipe._samples
+    )
 
 
 _UNSEEN: Any = object()

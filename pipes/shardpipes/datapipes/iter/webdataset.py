@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import repeat
 from typing import IO, Any
 
@@ -13,10 +13,10 @@ from shardpipes.datapipes.iter.tar import TarArchiveLoaderIterDataPipe
 from shardpipes.errors import SampleFormatError, SkippedInputWarning
 from shardpipes.formats.samples import duplicate_field, key_again, no_extension, split_key
 from shardpipes.formats.stream import StreamBytes
-from shardpipes.formats.tarparse import Span, TarEntry, entries_of
+from shardpipes.formats.tarparse import Span, TarEntry, entries_of, slicer
 from shardpipes.handlers import HandlerLike, SkipStats, resolve_handler
 
-__all__ = ["Deferred", "Sample", "WebDatasetIterDataPipe", "materialize", "pathsplit"]
+__all__ = ["Columns", "Deferred", "Sample", "WebDatasetIterDataPipe", "materialize", "pathsplit"]
 
 Sample = dict[str, Any]
 
@@ -150,8 +150,21 @@ class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
         """
         return self._samples(deferred=True)
 
-    def _samples(self, deferred: bool) -> Iterator[Any]:
-        group = _Grouping(self, deferred)
+    def decoded(self, columns: Columns) -> Iterator[Sample | list[Sample]]:
+        """The samples of ``__iter__``, runs of them as lists of samples already decoded.
+
+        For ``decode()`` reading straight from this stage: a run of whole samples of one shape
+        that the bulk grouping takes is yielded as one list, each sample's fields made by
+        ``columns(shape)`` (one decoder per extension of the shape, ``None`` for a field kept as
+        its bytes) straight from the shard's bytes, without the undecoded sample in between.
+        Every other sample is yielded as ``__iter__`` yields it, for the caller to decode. A
+        run in which a decoder raises is yielded sample by sample, undecoded, so that the
+        caller meets the error (and its handler) exactly where it would have.
+        """
+        return self._samples(deferred=False, columns=columns)
+
+    def _samples(self, deferred: bool, columns: Columns | None = None) -> Iterator[Any]:
+        group = _Grouping(self, deferred, columns)
         step = group.step
         src = self.source_datapipe
         if isinstance(src, TarArchiveLoaderIterDataPipe) and group.split is split_key:
@@ -200,9 +213,15 @@ class _Grouping:
     order, with the same errors (``tests/test_fast_path.py`` checks it on random archives).
     """
 
-    def __init__(self, stage: WebDatasetIterDataPipe, deferred: bool = False) -> None:
+    def __init__(
+        self,
+        stage: WebDatasetIterDataPipe,
+        deferred: bool = False,
+        columns: Columns | None = None,
+    ) -> None:
         self.stage = stage
         self.deferred = deferred
+        self.columns = columns
         self.policy = stage.handler
         self.required = stage.required
         self.sample: Sample | None = None
@@ -338,6 +357,14 @@ class _Grouping:
             return None
         if len(set(keys)) != count or not self.seen.isdisjoint(keys) or self.key in keys:
             return None
+        decoded = None
+        if self.columns is not None:
+            # Decoded before anything changes: a run in which a decoder raises goes member by
+            # member (None), so that the decode stage meets the error on its own sample.
+            try:
+                decoded = _decoded(self.columns(shape), spans, m, source)
+            except Exception:
+                return None
         out: list[Any] = []
         if self.sample is not None:  # the head's sample ends here
             done = self.stage._finish(self.sample, self.required, self.policy)
@@ -359,7 +386,7 @@ class _Grouping:
             at = [x[2] for x in spans]
             ends = [x[2] + x[3] for x in spans]
             sizes = [x[3] for x in spans]
-            piece = source.__getitem__
+            piece = source.__getitem__  # views: joined into one copy below
             cols = [list(map(piece, map(slice, at[r::m], ends[r::m]))) for r in range(m)]
             windows = list(map(b"".join, zip(*cols, strict=True)))
             bounds: list[list[int]] = []
@@ -370,24 +397,52 @@ class _Grouping:
                 before = upto
             out.extend(zip(keys, repeat(member_url), repeat(shape), windows, *bounds))
             return out
+        if decoded is not None:
+            out.append(_rows(keys, member_url, shape, decoded))  # one list: the run, decoded
+            return out
         data = [e[1] for e in entries_of(spans, source, base)]
-        columns = [data[r::m] for r in range(m)]
-        if m == 3:  # the usual shape (e.g. .cls, .json, .jpg): one dict display per sample
-            a, b, c = shape
-            out.extend(
-                {"__key__": k, "__url__": member_url, a: x, b: y, c: z}
-                for k, x, y, z in zip(keys, *columns, strict=True)
-            )
-        else:
-            fields = ("__key__", "__url__", *shape)
-            rows = zip(keys, repeat(member_url), *columns)
-            out.extend(map(dict, map(zip, repeat(fields), rows)))
+        out.extend(_rows(keys, member_url, shape, [data[r::m] for r in range(m)]))
         return out
+
+
+def _decoded(
+    fns: Sequence[Callable[[bytes], Any] | None], spans: list[Span], m: int, source: memoryview
+) -> list[list[Any]]:
+    """The fields of a run of samples of ``m`` members each, a column per extension.
+
+    Column ``r`` holds ``fns[r]`` of each sample's ``r``-th member's bytes, or the bytes as a
+    :class:`~shardpipes.formats.stream.StreamBytes` where ``fns[r]`` is ``None``: the values
+    ``decode()`` makes of the members ``entries_of`` makes, made here without the members.
+    """
+    at = [x[2] for x in spans]
+    ends = [x[2] + x[3] for x in spans]
+    piece = slicer(source)
+    cols = []
+    for r, fn in enumerate(fns):
+        data = map(piece, map(slice, at[r::m], ends[r::m]))
+        cols.append(list(map(StreamBytes, data) if fn is None else map(fn, map(bytes, data))))
+    return cols
+
+
+def _rows(keys: list[str], url: str, shape: tuple[str, ...], cols: list[list[Any]]) -> list[Sample]:
+    """One dict per sample: ``__key__``, ``__url__``, then a field per extension of ``shape``."""
+    if len(shape) == 3:  # the usual shape (e.g. .cls, .json, .jpg): one dict display per sample
+        a, b, c = shape
+        return [
+            {"__key__": k, "__url__": url, a: x, b: y, c: z}
+            for k, x, y, z in zip(keys, *cols, strict=True)
+        ]
+    fields = ("__key__", "__url__", *shape)
+    return list(map(dict, map(zip, repeat(fields), zip(keys, repeat(url), *cols))))
 
 
 # Samples larger than this (on average over a run) are never deferred: a copy of the run
 # would cost more than the garbage collector's visits to their dicts.
 _DEFER_BYTES = 64 << 10
+
+#: What ``decoded()`` takes: a run's shape (its extensions, in order) -> a decoder per
+#: extension (``None``: the field stays its bytes).
+Columns = Callable[[tuple[str, ...]], Sequence[Callable[[bytes], Any] | None]]
 
 # A sample deferred by ``WebDatasetIterDataPipe.deferred()``: (key, url, extensions, window,
 # start and end of each field's bytes in the window).
