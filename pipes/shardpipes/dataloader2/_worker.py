@@ -6,8 +6,8 @@ detection, pinning and per-worker state. We give it a plain ``IterableDataset`` 
 ``IterDataPipe``, so torch applies none of its own DataPipe sharding or seeding) that applies
 ours: multiprocessing-priority sharding once per worker, and per-epoch seeds read from a small
 shared-memory tensor that the main process writes before each epoch (workers persist across
-epochs, so this is how a new seed reaches them). Large ``bytes`` values of a batch travel
-through each worker's ring of shared-memory blocks (``_shm.py``).
+epochs, so this is how a new seed reaches them). A batch's tensors and large ``bytes`` values
+and arrays travel through each worker's ring of shared-memory blocks (``_shm.py``).
 """
 
 from __future__ import annotations
