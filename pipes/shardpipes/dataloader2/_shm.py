@@ -131,13 +131,33 @@ def _kind(x: Any) -> int:
     return -1
 
 
+# The types a block may carry (which of their values it does carry: _kind).
+_LEAVES = frozenset({bytes, StreamBytes, torch.Tensor, np.ndarray})
+
+
 def _large(x: Any, depth: int) -> bool:
+    """Whether ``x`` holds anything for a block (plain loops: this runs on every batch)."""
     kind = type(x)
-    if depth and (isinstance(x, list) or kind is tuple):
-        return any(_large(v, depth - 1) for v in x)
-    if depth and kind is dict:
-        return any(_large(v, depth - 1) for v in x.values())
-    return _kind(x) >= 0
+    if kind in _LEAVES:
+        return _kind(x) >= 0
+    if not depth:
+        return False
+    if kind is dict:
+        values: Any = x.values()
+    elif kind is tuple or isinstance(x, list):
+        values = x
+    else:
+        return False
+    for v in values:
+        t = type(v)
+        if t in _LEAVES:
+            if _kind(v) >= 0:
+                return True
+        elif (
+            depth > 1 and (t is dict or t is tuple or isinstance(v, list)) and _large(v, depth - 1)
+        ):
+            return True
+    return False
 
 
 def _swap(x: Any, depth: int, found: list[Any], seen: dict[int, int]) -> Any:
