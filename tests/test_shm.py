@@ -355,3 +355,28 @@ def test_a_worker_killed_mid_epoch_leaves_no_blocks():
         assert got and all(torch.equal(t, torch.full((1000,), float(i))) for i, t in got)
         assert rs._attached.blocks  # batches had come through shared memory
     assert not leftover_blocks(rs._attached.owner)
+
+
+def test_without_tensors_a_ring_leaves_them_to_torch():
+    attached = Attachments()
+    ring = Ring(slots=2, owner=attached.owner, tensors=False)
+    try:
+        t, big = torch.ones(3), os.urandom(MIN_BYTES)
+        packed = ring.pack([{"x": t, "b": big}])
+        assert type(packed) is Packed and len(packed.spans) == 1  # the bytes only
+        assert packed.item[0]["x"] is t
+        only = [{"x": t}]
+        assert ring.pack(only) is only
+    finally:
+        attached.close()
+
+
+@pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning")
+def test_with_pin_memory_tensors_are_left_to_torchs_queues_and_its_pin_thread():
+    dp = IterableWrapper(range(8)).sharding_filter().map(tensor_pair).batch(2)
+    rs = MultiProcessingReadingService(num_workers=2, pin_memory=True)
+    with DataLoader2(dp, reading_service=rs) as dl:
+        got = sorted((i, t) for b in dl for i, t in b)
+        assert not rs._attached.blocks  # torch's pin thread saw real tensors
+    assert [i for i, _ in got] == list(range(8))
+    assert all(torch.equal(t, torch.full((1000,), float(i))) for i, t in got)

@@ -131,14 +131,16 @@ def _kind(x: Any) -> int:
     return -1
 
 
-# The types a block may carry (which of their values it does carry: _kind).
+# The types a block may carry (which of their values it does carry: _kind); without tensors
+# when the loader pins memory (torch's pin thread pins the tensors it receives, not ours).
 _LEAVES = frozenset({bytes, StreamBytes, torch.Tensor, np.ndarray})
+_LEAVES_NO_TENSORS = frozenset({bytes, StreamBytes, np.ndarray})
 
 
-def _large(x: Any, depth: int) -> bool:
+def _large(x: Any, depth: int, leaves: frozenset[type] = _LEAVES) -> bool:
     """Whether ``x`` holds anything for a block (plain loops: this runs on every batch)."""
     kind = type(x)
-    if kind in _LEAVES:
+    if kind in leaves:
         return _kind(x) >= 0
     if not depth:
         return False
@@ -150,23 +152,27 @@ def _large(x: Any, depth: int) -> bool:
         return False
     for v in values:
         t = type(v)
-        if t in _LEAVES:
+        if t in leaves:
             if _kind(v) >= 0:
                 return True
         elif (
-            depth > 1 and (t is dict or t is tuple or isinstance(v, list)) and _large(v, depth - 1)
+            depth > 1
+            and (t is dict or t is tuple or isinstance(v, list))
+            and _large(v, depth - 1, leaves)
         ):
             return True
     return False
 
 
-def _swap(x: Any, depth: int, found: list[Any], seen: dict[int, int]) -> Any:
+def _swap(
+    x: Any, depth: int, found: list[Any], seen: dict[int, int], leaves: frozenset[type] = _LEAVES
+) -> Any:
     kind = type(x)
     if depth and (isinstance(x, list) or kind is tuple):  # batches are often DataChunk lists
-        return kind([_swap(v, depth - 1, found, seen) for v in x])
+        return kind([_swap(v, depth - 1, found, seen, leaves) for v in x])
     if depth and kind is dict:
-        return {k: _swap(v, depth - 1, found, seen) for k, v in x.items()}
-    if _kind(x) >= 0:
+        return {k: _swap(v, depth - 1, found, seen, leaves) for k, v in x.items()}
+    if kind in leaves and _kind(x) >= 0:
         at = seen.get(id(x))  # the same object twice in a batch: one copy, the same object back
         if at is None:
             at = seen[id(x)] = len(found)
@@ -242,8 +248,9 @@ class Ring:
     the ring.
     """
 
-    def __init__(self, slots: int, owner: str) -> None:
+    def __init__(self, slots: int, owner: str, *, tensors: bool = True) -> None:
         self.slots = slots
+        self.leaves = _LEAVES if tensors else _LEAVES_NO_TENSORS
         self.owner = owner
         self.blocks: list[shared_memory.SharedMemory | None] = [None] * slots
         self.generation = 0
@@ -286,10 +293,10 @@ class Ring:
 
     def pack(self, item: Any) -> Any:
         """``item``, or a :class:`Packed` copy with its large values in the next block."""
-        if self.broken or not _large(item, 2):
+        if self.broken or not _large(item, 2, self.leaves):
             return item
         found: list[Any] = []
-        skeleton = _swap(item, 2, found, {})
+        skeleton = _swap(item, 2, found, {}, self.leaves)
         size = _HEADER_SIZE + sum(_aligned(_nbytes(x)) for x in found)
         block = self._block((self.seq + 1) % self.slots, size)
         if block is None:
