@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 
+import numpy as np
 import pytest
+import torch
 from torch.utils.data.datapipes.datapipe import DataChunk
 
 from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService
@@ -14,8 +17,9 @@ from shardpipes.formats.stream import StreamBytes
 from shardpipes.synthetic import write_synthetic
 
 
-def leftover_blocks() -> list[str]:
-    return [n for n in os.listdir("/dev/shm") if n.startswith(PREFIX)]
+def leftover_blocks(owner: str = "") -> list[str]:
+    """This loader's blocks still in /dev/shm (other test runs on the machine have their own)."""
+    return [n for n in os.listdir("/dev/shm") if n.startswith(f"{PREFIX}{owner}")]
 
 
 def test_pack_and_unpack_give_back_the_same_batch():
@@ -37,20 +41,27 @@ def test_pack_and_unpack_give_back_the_same_batch():
             assert attached.unpack(ring.pack(item)) == item
     finally:
         attached.close()
-    assert not leftover_blocks()
+    assert not leftover_blocks(attached.owner)
 
 
-def test_a_batch_larger_than_its_block_is_pickled_instead():
+def test_a_batch_larger_than_its_block_gets_a_larger_block():
     attached = Attachments()
     ring = Ring(slots=2, owner=attached.owner)
     try:
         first = [b"a" * MIN_BYTES]
         attached.unpack(ring.pack(first))  # makes the block of ring slot 1 (8 MiB)
         attached.unpack(ring.pack(first))  # slot 0
+        old = ring.blocks[1].name
         huge = [os.urandom(9 << 20)]
-        assert ring.pack(huge) is huge
+        packed = ring.pack(huge)
+        assert type(packed) is Packed and packed.name != old and ring.blocks[1].size > 9 << 20
+        assert attached.unpack(packed) == huge
+        # the old block is unmapped here and gone from /dev/shm
+        assert old not in attached.blocks and old.lstrip("/") not in leftover_blocks(attached.owner)
+        assert len(leftover_blocks(attached.owner)) == 2
     finally:
         attached.close()
+    assert not leftover_blocks(attached.owner)
 
 
 def test_a_block_not_yet_copied_out_is_not_written_again():
@@ -104,7 +115,7 @@ def test_workers_deliver_large_payloads_exactly_and_leave_no_blocks(tmp_path, co
     assert all(isinstance(data, bytes | StreamBytes) for _, data in expected)
     # webdataset's values (StreamBytes) come out of shared memory as the same type
     assert [type(d) for _, d in got[0]] == [type(d) for _, d in expected]
-    assert not leftover_blocks()
+    assert not leftover_blocks(rs._attached.owner)
 
 
 def test_two_loaders_in_one_process_keep_their_own_blocks(tmp_path):
@@ -167,3 +178,205 @@ def test_the_main_process_reuses_its_heap_for_batches_copied_out():
         [sys.executable, "-c", _FAULTS_PER_BATCH], capture_output=True, text=True, check=True
     )
     assert float(out.stdout) < 160, f"{out.stdout.strip()} page faults per 6.4 MB batch"
+
+
+# Tensors: every dtype torch has for data, shapes with and without elements.
+_DTYPES = [
+    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
+    torch.complex128, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,
+    torch.uint16, torch.uint32, torch.uint64, torch.bool, torch.float8_e4m3fn,
+]  # fmt: skip
+_SHAPES = [(), (0,), (1,), (3, 224, 224), (2, 0, 5), (7, 13)]
+
+
+def random_tensor(shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.randint(
+        0, 256, (int(np.prod(shape)) * dtype.itemsize,), dtype=torch.uint8, generator=g
+    )
+    return raw.view(dtype).reshape(shape)  # any bit pattern: NaNs, infinities, denormals
+
+
+def same_tensor(a, b):
+    return (
+        type(a) is type(b) is torch.Tensor
+        and a.dtype == b.dtype
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    )
+
+
+@pytest.mark.parametrize("dtype", _DTYPES, ids=str)
+def test_tensors_cross_bit_for_bit(dtype):
+    attached = Attachments()
+    ring = Ring(slots=2, owner=attached.owner)
+    try:
+        tensors = [random_tensor(shape, dtype, i) for i, shape in enumerate(_SHAPES)]
+        batch = [{"__key__": f"k{i}", ".x": t, ".cls": i} for i, t in enumerate(tensors)]
+        packed = ring.pack(batch)
+        assert type(packed) is Packed and len(packed.spans) == len(tensors)
+        back = attached.unpack(packed)
+        for sent, got in zip(tensors, back, strict=True):
+            assert same_tensor(sent, got[".x"])
+            assert not got[".x"].is_shared()  # a tensor of its own, not a view of the block
+        assert [s[".cls"] for s in back] == list(range(len(tensors)))
+    finally:
+        attached.close()
+
+
+def test_a_received_tensor_does_not_change_when_the_block_is_reused():
+    attached = Attachments()
+    ring = Ring(slots=1, owner=attached.owner)
+    try:
+        first = attached.unpack(ring.pack([torch.ones(1000)]))[0]
+        attached.unpack(ring.pack([torch.zeros(1000)]))  # the same block, written again
+        assert torch.equal(first, torch.ones(1000))
+    finally:
+        attached.close()
+
+
+def test_the_same_tensor_twice_in_a_batch_arrives_as_one_object():
+    attached = Attachments()
+    ring = Ring(slots=2, owner=attached.owner)
+    try:
+        t = torch.arange(10.0)
+        packed = ring.pack([{"a": t, "b": t}])
+        assert len(packed.spans) == 1
+        back = attached.unpack(packed)[0]
+        assert back["a"] is back["b"] and torch.equal(back["a"], t)
+    finally:
+        attached.close()
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning")
+def test_tensors_that_are_more_than_their_contents_are_left_to_torch():
+    base = torch.arange(24.0).reshape(4, 6)
+    others = {
+        "view": base[1:],  # a view into a larger storage: shares memory with `base`
+        "transposed": base.t(),
+        "grad": torch.ones(3, requires_grad=True),
+        "parameter": torch.nn.Parameter(torch.ones(3)),
+        "shared": torch.ones(3).share_memory_(),
+        "conj": torch.ones(3, dtype=torch.complex64).conj(),
+        "quantized": torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8),
+        "sparse": torch.eye(3).to_sparse(),
+        "object array": np.array([{"a": 1}] * 5000, dtype=object),
+        "small array": np.ones(10),
+        "non-contiguous array": np.ones((100, 100))[:, ::2],
+    }
+    attached = Attachments()
+    ring = Ring(slots=2, owner=attached.owner)
+    try:
+        batch = [others]
+        assert ring.pack(batch) is batch  # nothing for the block: sent as it is
+        packed = ring.pack([{**others, "plain": torch.ones(3)}])
+        assert type(packed) is Packed and len(packed.spans) == 1  # only the plain tensor
+        assert all(packed.item[0][k] is v for k, v in others.items())
+    finally:
+        attached.close()
+
+
+def test_tensor_attributes_keep_it_with_torch():
+    t = torch.ones(3)
+    t.meta = "kept"  # attributes torch's pickling carries, and the block would not
+    ring = Ring(slots=2, owner="test")
+    batch = [t]
+    assert ring.pack(batch) is batch
+
+
+@pytest.mark.parametrize(
+    "dtype", ["<f4", ">f8", "u1", "?", "<i8", "c16", "M8[ns]", [("a", "<i4"), ("b", "f2")]], ids=str
+)
+def test_numpy_arrays_cross_bit_for_bit(dtype):
+    attached = Attachments()
+    ring = Ring(slots=2, owner=attached.owner)
+    try:
+        dt = np.dtype(dtype)
+        n = MIN_BYTES // dt.itemsize + 3
+        raw = np.random.default_rng(0).integers(0, 256, n * dt.itemsize, dtype=np.uint8)
+        arrays = [raw.view(dt), raw.view(dt)[: n - n % 3].reshape(3, -1)]
+        packed = ring.pack({"arrays": arrays})
+        assert type(packed) is Packed and len(packed.spans) == 2
+        back = attached.unpack(packed)["arrays"]
+        for sent, got in zip(arrays, back, strict=True):
+            assert type(got) is np.ndarray and got.dtype == sent.dtype and got.shape == sent.shape
+            assert got.tobytes() == sent.tobytes() and got.flags.writeable
+    finally:
+        attached.close()
+
+
+def as_tensors(sample):
+    n = sample[".json"]["id"]
+    image = torch.full((3, 64, 64), float(n)) / 7  # a float image, as decoders yield
+    return n, image, np.frombuffer(bytes(sample[".bin"]), np.uint8).copy(), torch.tensor(n)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_workers_deliver_tensors_exactly_and_leave_no_blocks(tmp_path, context):
+    paths = write_synthetic(tmp_path, shards=4, samples=[9, 5, 7, 3], payload_bytes=MIN_BYTES)
+    dp = (
+        IterableWrapper(paths).sharding_filter().open_files_by_fsspec().load_from_tar()
+        .webdataset().decode().map(as_tensors).batch(4)
+    )  # fmt: skip
+    expected = sorted((x for b in DataLoader2(dp) for x in b), key=lambda x: x[0])
+    rs = MultiProcessingReadingService(num_workers=2, multiprocessing_context=context)
+    with DataLoader2(dp, reading_service=rs) as dl:
+        for _ in range(2):
+            got = sorted((x for b in dl for x in b), key=lambda x: x[0])
+            assert [g[0] for g in got] == [e[0] for e in expected]
+            for (_, *sent), (_, *came) in zip(expected, got, strict=True):
+                assert same_tensor(sent[0], came[0]) and same_tensor(sent[2], came[2])
+                assert came[1].tobytes() == sent[1].tobytes() and came[1].dtype == np.uint8
+        assert rs._attached.blocks  # they came through shared memory
+    assert not leftover_blocks(rs._attached.owner)
+
+
+def send_then_die(x):
+    if x[0] == 9:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def tensor_pair(i):
+    return i, torch.full((1000,), float(i))
+
+
+def test_a_worker_killed_mid_epoch_leaves_no_blocks():
+    from shardpipes.errors import WorkerError
+
+    dp = IterableWrapper(range(40)).sharding_filter().map(tensor_pair).map(send_then_die).batch(2)
+    rs = MultiProcessingReadingService(num_workers=2)
+    with DataLoader2(dp, reading_service=rs) as dl:
+        got = []
+        with pytest.raises(WorkerError, match="worker process died"):
+            for batch in dl:
+                got += batch
+        assert got and all(torch.equal(t, torch.full((1000,), float(i))) for i, t in got)
+        assert rs._attached.blocks  # batches had come through shared memory
+    assert not leftover_blocks(rs._attached.owner)
+
+
+def test_without_tensors_a_ring_leaves_them_to_torch():
+    attached = Attachments()
+    ring = Ring(slots=2, owner=attached.owner, tensors=False)
+    try:
+        t, big = torch.ones(3), os.urandom(MIN_BYTES)
+        packed = ring.pack([{"x": t, "b": big}])
+        assert type(packed) is Packed and len(packed.spans) == 1  # the bytes only
+        assert packed.item[0]["x"] is t
+        only = [{"x": t}]
+        assert ring.pack(only) is only
+    finally:
+        attached.close()
+
+
+@pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning")
+def test_with_pin_memory_tensors_are_left_to_torchs_queues_and_its_pin_thread():
+    dp = IterableWrapper(range(8)).sharding_filter().map(tensor_pair).batch(2)
+    rs = MultiProcessingReadingService(num_workers=2, pin_memory=True)
+    with DataLoader2(dp, reading_service=rs) as dl:
+        got = sorted((i, t) for b in dl for i, t in b)
+        assert not rs._attached.blocks  # torch's pin thread saw real tensors
+    assert [i for i, _ in got] == list(range(8))
+    assert all(torch.equal(t, torch.full((1000,), float(i))) for i, t in got)

@@ -1,13 +1,24 @@
-"""Large ``bytes`` values cross from worker processes through reused shared memory, not the pipe.
+"""Large values and tensors cross from worker processes through reused shared memory, not the pipe.
 
 A batch of 64 samples of 100 KB is 6.4 MB. Pickled into a worker's result pipe it is copied
 four times, and the pipe's 64 KB kernel buffer makes the two processes take turns every 64 KB.
+A tensor is worse: torch's queues move every tensor of a batch into a shared-memory segment of
+its own, made for it, filled (faulting fresh pages in) and passed as a file descriptor over a
+socket, then mapped by the main process: about 650 us of a worker's CPU for a 224x224 float
+image (docs/performance.md), more than decoding the JPEG it came from.
 Instead, each worker keeps a small ring of shared-memory blocks (``multiprocessing.shared_memory``,
 created once and reused, so their pages stay mapped). :meth:`Ring.pack` copies every ``bytes``
-value of at least :data:`MIN_BYTES` of a batch into the next block and sends the batch with
-small placeholders; :meth:`Attachments.unpack`, in the main process, copies each value out of
-the block into a ``bytes`` again as soon as the batch arrives. The training loop sees exactly
-the items of an in-process run.
+value and numpy array of at least :data:`MIN_BYTES`, and every plain CPU tensor, of a batch
+into the next block and sends the batch with small placeholders; :meth:`Attachments.unpack`,
+in the main process, copies each value out of the block into a new ``bytes``, array or tensor
+(same type, dtype, shape and contents) as soon as the batch arrives. The training loop sees
+exactly the items of an in-process run.
+
+Which tensors: of type ``torch.Tensor`` exactly, on the CPU, dense and contiguous, owning
+their whole storage (not a view into a larger one, so no two values of a batch share memory
+that the copies would not), not requiring grad, not already shared, not quantized, without
+attributes of their own. Anything else (a subclass, a view) goes through torch's own
+queues as before. Numpy arrays: ``numpy.ndarray`` exactly, C-contiguous, without Python objects.
 
 Why a ring is safe: each block starts with two numbers, the batch last written into it (by the
 worker) and the batch last copied out of it (by the main process). A worker writes a block only
@@ -15,7 +26,9 @@ when the two are equal, that is when the main process is done with it; otherwise
 in flight than blocks, as when the other workers have finished an epoch and all requests go to
 this one) it pickles that batch as it would without the ring. The main process checks the
 written number again after copying and raises rather than return torn data, should anything
-ever write a block early. ``prefetch + 2`` blocks per worker cover the usual case.
+ever write a block early. ``prefetch + 2`` blocks per worker cover the usual case. A batch
+larger than its block gets a larger block in its place when the old one is free (a new name,
+``..._<slot>_<generation>``; the main process unmaps the old one when it sees the new).
 
 A torch shared-memory storage per batch was tried first: passing a new storage through torch's
 queues cost more than pickling the bytes (docs/performance.md).
@@ -33,18 +46,26 @@ import struct
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any, cast
 
+import numpy as np
+import torch
+
 from shardpipes.formats.stream import StreamBytes
 
 __all__ = ["MIN_BYTES", "Attachments", "Packed", "Ring"]
 
 logger = logging.getLogger(__name__)
 
-#: Smallest ``bytes`` value sent through shared memory (smaller ones are cheaper to pickle).
+#: Smallest ``bytes`` value or array sent through shared memory (smaller ones are cheaper to
+#: pickle). Tensors of any size go through it: torch's queues share each one on its own.
 MIN_BYTES = 32 << 10
 _MIN_BLOCK = 8 << 20
 _SEQ = struct.Struct("<q")  # at 0: the batch last written; at 8: the batch last copied out
-_HEADER_SIZE = 16
+_ALIGN = 64  # each value starts at a multiple of this in its block
+_HEADER_SIZE = _ALIGN  # the two numbers, then the values
 PREFIX = "spipe_"  # short: macOS allows 31 characters in a shared-memory name
+
+# What a span holds (the first number of a span).
+_BYTES, _STREAM, _TENSOR, _ARRAY = 0, 1, 2, 3
 
 
 class _Ref:
@@ -60,11 +81,15 @@ class _Ref:
 
 
 class Packed:
-    """A batch whose large values sit in shared-memory block ``name`` at ``spans``."""
+    """A batch whose large values sit in shared-memory block ``name`` at ``spans``.
+
+    A span is ``(kind, offset, nbytes, dtype, shape)``; ``dtype`` and ``shape`` are ``None``
+    for ``bytes``.
+    """
 
     __slots__ = ("item", "name", "seq", "spans")
 
-    def __init__(self, item: Any, name: str, seq: int, spans: list[tuple[int, int]]) -> None:
+    def __init__(self, item: Any, name: str, seq: int, spans: list[tuple[Any, ...]]) -> None:
         self.item = item
         self.name = name
         self.seq = seq
@@ -74,26 +99,85 @@ class Packed:
         return (Packed, (self.item, self.name, self.seq, self.spans))
 
 
-def _large(x: Any, depth: int) -> bool:
+def _plain_tensor(x: torch.Tensor) -> bool:
+    """A tensor whose contents, dtype and shape are all there is to it (see the module doc)."""
+    return (
+        x.device.type == "cpu"
+        and x.layout is torch.strided
+        and not x.requires_grad
+        and not x.is_quantized
+        and x.is_contiguous()
+        and x.storage_offset() == 0
+        and x.untyped_storage().nbytes() == x.nbytes
+        and not x.is_shared()  # type: ignore[no-untyped-call]
+        and not x.is_conj()
+        and not x.is_neg()
+        and not x.__dict__
+    )
+
+
+def _kind(x: Any) -> int:
+    """What ``x`` travels as in a block, or ``-1`` when it is pickled."""
     kind = type(x)
-    if kind is bytes or kind is StreamBytes:
-        return len(x) >= MIN_BYTES
-    if depth and (isinstance(x, list) or kind is tuple):
-        return any(_large(v, depth - 1) for v in x)
-    if depth and kind is dict:
-        return any(_large(v, depth - 1) for v in x.values())
+    if kind is bytes:
+        return _BYTES if len(x) >= MIN_BYTES else -1
+    if kind is StreamBytes:
+        return _STREAM if len(x) >= MIN_BYTES else -1
+    if kind is torch.Tensor:
+        return _TENSOR if _plain_tensor(x) else -1
+    if kind is np.ndarray:
+        ok = x.nbytes >= MIN_BYTES and x.flags.c_contiguous and not x.dtype.hasobject
+        return _ARRAY if ok else -1
+    return -1
+
+
+# The types a block may carry (which of their values it does carry: _kind); without tensors
+# when the loader pins memory (torch's pin thread pins the tensors it receives, not ours).
+_LEAVES = frozenset({bytes, StreamBytes, torch.Tensor, np.ndarray})
+_LEAVES_NO_TENSORS = frozenset({bytes, StreamBytes, np.ndarray})
+
+
+def _large(x: Any, depth: int, leaves: frozenset[type] = _LEAVES) -> bool:
+    """Whether ``x`` holds anything for a block (plain loops: this runs on every batch)."""
+    kind = type(x)
+    if kind in leaves:
+        return _kind(x) >= 0
+    if not depth:
+        return False
+    if kind is dict:
+        values: Any = x.values()
+    elif kind is tuple or isinstance(x, list):
+        values = x
+    else:
+        return False
+    for v in values:
+        t = type(v)
+        if t in leaves:
+            if _kind(v) >= 0:
+                return True
+        elif (
+            depth > 1
+            and (t is dict or t is tuple or isinstance(v, list))
+            and _large(v, depth - 1, leaves)
+        ):
+            return True
     return False
 
 
-def _swap(x: Any, depth: int, found: list[bytes]) -> Any:
+def _swap(
+    x: Any, depth: int, found: list[Any], seen: dict[int, int], leaves: frozenset[type] = _LEAVES
+) -> Any:
     kind = type(x)
-    if (kind is bytes or kind is StreamBytes) and len(x) >= MIN_BYTES:
-        found.append(x)
-        return _Ref(len(found) - 1)
     if depth and (isinstance(x, list) or kind is tuple):  # batches are often DataChunk lists
-        return _keep_attrs(x, kind([_swap(v, depth - 1, found) for v in x]))
+        return _keep_attrs(x, kind([_swap(v, depth - 1, found, seen, leaves) for v in x]))
     if depth and kind is dict:
-        return {k: _swap(v, depth - 1, found) for k, v in x.items()}
+        return {k: _swap(v, depth - 1, found, seen, leaves) for k, v in x.items()}
+    if kind in leaves and _kind(x) >= 0:
+        at = seen.get(id(x))  # the same object twice in a batch: one copy, the same object back
+        if at is None:
+            at = seen[id(x)] = len(found)
+            found.append(x)
+        return _Ref(at)
     return x
 
 
@@ -117,61 +201,122 @@ def _restore(x: Any, depth: int, values: list[Any]) -> Any:
     return x
 
 
+def _nbytes(x: Any) -> int:
+    return int(x.nbytes) if type(x) is torch.Tensor or type(x) is np.ndarray else len(x)
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def _write(buf: memoryview, at: int, x: Any) -> tuple[Any, ...]:
+    """Copy ``x`` into ``buf`` at ``at``; return its span."""
+    kind = _kind(x)
+    n = _nbytes(x)
+    if kind == _TENSOR:
+        if n:
+            dst = torch.frombuffer(buf, dtype=torch.uint8, count=n, offset=at)
+            dst.copy_(x.reshape(-1).view(torch.uint8))
+            del dst
+        return (kind, at, n, x.dtype, tuple(x.shape))
+    if kind == _ARRAY:
+        if n:
+            np.copyto(np.frombuffer(buf, np.uint8, n, at), x.reshape(-1).view(np.uint8))
+        return (kind, at, n, x.dtype, x.shape)
+    buf[at : at + n] = x if kind == _BYTES else x.getvalue()
+    return (kind, at, n, None, None)
+
+
+def _read(buf: memoryview, span: tuple[Any, ...]) -> Any:
+    """A new value with the contents of ``span`` (copied: the block is reused)."""
+    kind, at, n, dtype, shape = span
+    if kind == _BYTES:
+        return bytes(buf[at : at + n])
+    if kind == _STREAM:
+        return StreamBytes(buf[at : at + n])
+    if kind == _TENSOR:
+        out = torch.empty(shape, dtype=dtype)
+        if n:
+            src = torch.frombuffer(buf, dtype=torch.uint8, count=n, offset=at)
+            out.reshape(-1).view(torch.uint8).copy_(src)
+            del src
+        return out
+    array = np.empty(shape, dtype=dtype)
+    if n:
+        np.copyto(array.reshape(-1).view(np.uint8), np.frombuffer(buf, np.uint8, n, at))
+    return array
+
+
 class Ring:
     """A worker's blocks (``slots`` of them), written round-robin, one batch per block.
 
-    Blocks are named ``spipe_<owner>_<worker pid>_<slot>`` and removed by the main process
-    (:meth:`Attachments.close`, which also removes any a dead worker left behind); ``owner``
-    is :attr:`Attachments.owner` of the loader they belong to. Where shared memory cannot be
-    made (no ``/dev/shm``, a full one), batches are pickled as they would be without the ring.
+    Blocks are named ``spipe_<owner>_<worker pid>_<slot>_<generation>`` and removed by the
+    main process (:meth:`Attachments.close`, which also removes any a dead worker left behind);
+    ``owner`` is :attr:`Attachments.owner` of the loader they belong to. Where shared memory
+    cannot be made (no ``/dev/shm``, a full one), batches are pickled as they would be without
+    the ring.
     """
 
-    def __init__(self, slots: int, owner: str) -> None:
+    def __init__(self, slots: int, owner: str, *, tensors: bool = True) -> None:
         self.slots = slots
+        self.leaves = _LEAVES if tensors else _LEAVES_NO_TENSORS
         self.owner = owner
         self.blocks: list[shared_memory.SharedMemory | None] = [None] * slots
+        self.generation = 0
         self.seq = 0
         self.broken = False
 
     def _block(self, slot: int, size: int) -> shared_memory.SharedMemory | None:
+        """The block of ``slot`` if it is free and holds ``size`` bytes (a new one if need be)."""
         block = self.blocks[slot]
-        if block is None:
-            name = f"{PREFIX}{self.owner}_{os.getpid()}_{slot}"
-            # Room for half as much again as the first batch; a larger one is pickled.
-            try:
-                block = shared_memory.SharedMemory(
-                    name, create=True, size=max(size * 3 // 2, _MIN_BLOCK)
-                )
-            except OSError as exc:
-                logger.warning("no shared memory for large payloads (%s); pickling them", exc)
-                self.broken = True
-                return None
-            # The main process removes it; without this, this worker's resource tracker would
-            # call it leaked (and try to remove it again) when the worker exits.
-            resource_tracker.unregister(block._name, "shared_memory")  # type: ignore[attr-defined]
-            self.blocks[slot] = block
-        return block if block.size >= size else None
+        if block is not None:
+            buf = cast(memoryview, block.buf)  # None only after close()
+            if _SEQ.unpack_from(buf, 0) != _SEQ.unpack_from(buf, 8):
+                return None  # the main process has not copied this block's batch out yet
+            if block.size >= size:
+                return block
+            # Too small, and free: a larger one in its place. The main process unmaps the old
+            # one when a batch names the new one; the name is removed here.
+            self.blocks[slot] = None
+            block.close()
+            with contextlib.suppress(FileNotFoundError):
+                # Not block.unlink(): that also tells this worker's resource tracker, which
+                # was told at creation (see below) that the main process removes the block.
+                shared_memory._posixshmem.shm_unlink(block._name)  # type: ignore[attr-defined]
+        self.generation += 1
+        name = f"{PREFIX}{self.owner}_{os.getpid()}_{slot}_{self.generation}"
+        # Room for half as much again as this batch.
+        try:
+            block = shared_memory.SharedMemory(
+                name, create=True, size=max(size * 3 // 2, _MIN_BLOCK)
+            )
+        except OSError as exc:
+            logger.warning("no shared memory for large payloads (%s); pickling them", exc)
+            self.broken = True
+            return None
+        # The main process removes it; without this, this worker's resource tracker would
+        # call it leaked (and try to remove it again) when the worker exits.
+        resource_tracker.unregister(block._name, "shared_memory")  # type: ignore[attr-defined]
+        self.blocks[slot] = block
+        return block
 
     def pack(self, item: Any) -> Any:
         """``item``, or a :class:`Packed` copy with its large values in the next block."""
-        if self.broken or not _large(item, 2):
+        if self.broken or not _large(item, 2, self.leaves):
             return item
-        found: list[bytes] = []
-        skeleton = _swap(item, 2, found)
-        block = self._block((self.seq + 1) % self.slots, _HEADER_SIZE + sum(len(b) for b in found))
+        found: list[Any] = []
+        skeleton = _swap(item, 2, found, {}, self.leaves)
+        size = _HEADER_SIZE + sum(_aligned(_nbytes(x)) for x in found)
+        block = self._block((self.seq + 1) % self.slots, size)
         if block is None:
             return item
         buf = cast(memoryview, block.buf)  # None only after close()
-        if _SEQ.unpack_from(buf, 0) != _SEQ.unpack_from(buf, 8):
-            return item  # the main process has not copied this block's batch out yet
         self.seq += 1
         _SEQ.pack_into(buf, 0, self.seq)
         spans, at = [], _HEADER_SIZE
-        for b in found:
-            buf[at : at + len(b)] = b if type(b) is bytes else b.getvalue()  # type: ignore[attr-defined]
-            # A StreamBytes's span is stored with its offset negated (offsets are > 0).
-            spans.append((at if type(b) is bytes else -at, len(b)))
-            at += len(b)
+        for x in found:
+            spans.append(_write(buf, at, x))
+            at += _aligned(_nbytes(x))
         return Packed(skeleton, block.name, self.seq, spans)
 
 
@@ -199,10 +344,23 @@ class Attachments:
 
     def __init__(self) -> None:
         self.blocks: dict[str, shared_memory.SharedMemory] = {}
+        self._slots: dict[str, str] = {}  # a worker's slot -> the name of its current block
         # Names this loader's blocks (two loaders in one process, such as training and
         # validation, must not remove each other's blocks).
         self.owner = secrets.token_hex(4)
         self.heap_kept = 0  # the largest batch payload _keep_heap was run for
+
+    def _attach(self, name: str) -> shared_memory.SharedMemory:
+        block = self.blocks[name] = shared_memory.SharedMemory(name)
+        slot = name.rsplit("_", 1)[0]
+        old = self._slots.get(slot)
+        self._slots[slot] = name
+        if old is not None:
+            # The worker replaced a free block by a larger one and removed the old name.
+            replaced = self.blocks.pop(old)
+            replaced.close()
+            resource_tracker.unregister(replaced._name, "shared_memory")  # type: ignore[attr-defined]
+        return block
 
     def unpack(self, item: Any) -> Any:
         """The batch :meth:`Ring.pack` was given."""
@@ -210,16 +368,13 @@ class Attachments:
             return item
         block = self.blocks.get(item.name)
         if block is None:
-            block = self.blocks[item.name] = shared_memory.SharedMemory(item.name)
+            block = self._attach(item.name)
         buf = cast(memoryview, block.buf)  # None only after close()
-        total = sum(n for _, n in item.spans)
+        total = sum(span[2] for span in item.spans)
         if total > self.heap_kept:
             _keep_heap(total)
             self.heap_kept = total
-        values = [
-            bytes(buf[at : at + n]) if at > 0 else StreamBytes(buf[-at : -at + n])
-            for at, n in item.spans
-        ]
+        values = [_read(buf, span) for span in item.spans]
         if _SEQ.unpack_from(buf, 0)[0] != item.seq:
             raise RuntimeError(
                 f"shared-memory block {item.name} was overwritten before batch {item.seq} was "
@@ -237,6 +392,7 @@ class Attachments:
             except FileNotFoundError:
                 resource_tracker.unregister(block._name, "shared_memory")  # type: ignore[attr-defined]
         self.blocks.clear()
+        self._slots.clear()
         # Blocks a worker made but never sent (it died first): remove them by name.
         shm = "/dev/shm"
         if os.path.isdir(shm):

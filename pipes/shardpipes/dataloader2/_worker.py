@@ -6,8 +6,8 @@ detection, pinning and per-worker state. We give it a plain ``IterableDataset`` 
 ``IterDataPipe``, so torch applies none of its own DataPipe sharding or seeding) that applies
 ours: multiprocessing-priority sharding once per worker, and per-epoch seeds read from a small
 shared-memory tensor that the main process writes before each epoch (workers persist across
-epochs, so this is how a new seed reaches them). Large ``bytes`` values of a batch travel
-through each worker's ring of shared-memory blocks (``_shm.py``).
+epochs, so this is how a new seed reaches them). A batch's tensors and large ``bytes`` values
+and arrays travel through each worker's ring of shared-memory blocks (``_shm.py``).
 """
 
 from __future__ import annotations
@@ -116,6 +116,7 @@ class WorkerDataset(IterableDataset[Any]):
         shm_slots: int = 0,
         shm_owner: str = "",
         user_reset: Callable[[IterDataPipe[Any], Any, Any], IterDataPipe[Any]] | None = None,
+        shm_tensors: bool = True,
     ) -> None:
         self.datapipe = datapipe
         self.slot = slot
@@ -123,6 +124,7 @@ class WorkerDataset(IterableDataset[Any]):
         self.user_reset = user_reset
         self.shm_slots = shm_slots  # blocks of the shared-memory ring; 0: pickle everything
         self._owner = shm_owner  # names the blocks; the main process removes them
+        self.shm_tensors = shm_tensors  # False: tensors go through torch's queues (to be pinned)
         self._ring: Ring | None = None
         self._sharded = False
         self._counters: list[Any] = []
@@ -159,7 +161,7 @@ class WorkerDataset(IterableDataset[Any]):
         if not self.shm_slots:
             return items
         if self._ring is None:
-            self._ring = Ring(self.shm_slots, self._owner)
+            self._ring = Ring(self.shm_slots, self._owner, tensors=self.shm_tensors)
         return map(self._ring.pack, items)
 
     def _epoch_end(self, worker: int) -> Iterator[EpochEnd]:

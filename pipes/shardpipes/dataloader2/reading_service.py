@@ -399,6 +399,8 @@ class MultiProcessingReadingService(ReadingServiceInterface):
                 shm_slots=self.worker_prefetch_cnt + 2,
                 user_reset=self.worker_reset_fn,
                 shm_owner=self._attached.owner,
+                # torch's pin thread pins the tensors it receives; ours would arrive unpinned
+                shm_tensors=not self.pin_memory,
             ),
             batch_size=None,
             num_workers=self.num_workers,
