@@ -15,6 +15,8 @@ Peer, in-process / with workers, and what a batch is:
   module does not import). ``.batch(64)`` yields lists.
 - ``shardpipes_dl2``: the same graph run by ``DataLoader2()`` in-process (its own copy of the
   graph, where shardpipes swaps torch's hooked ``shuffle``/``batch`` for lean equivalents).
+- ``shardpipes_idx``: the same graph with the index (``sharding_by_index`` for
+  ``sharding_filter``), run by ``DataLoader2`` in-process or with workers.
 - ``torchdata09``: the same graph with torchdata 0.9's DataPipes (decode is a ``map`` over
   ``(path, stream)`` members before ``.webdataset()``, as torchdata's docs show) / torchdata 0.9
   ``DataLoader2`` + ``MultiProcessingReadingService`` (which fails on this data: see
@@ -41,6 +43,7 @@ Peer, in-process / with workers, and what a batch is:
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -259,6 +262,38 @@ def shardpipes_dl2(m: dict, workers: int, cfg: dict) -> Made:
     return dl2, dl2.shutdown, "shardpipes DataLoader2 (default in-process reading service)"
 
 
+def _index_path(m: dict) -> str:
+    return os.path.join(os.path.dirname(m["paths"][0]), "shardpipes.index.json.gz")
+
+
+def shardpipes_idx(m: dict, workers: int, cfg: dict) -> Made:
+    """The README graph with the index: ``sharding_by_index(index)`` for ``sharding_filter()``.
+
+    Run by ``DataLoader2`` in-process, or with ``MultiProcessingReadingService(workers)``. The
+    index is built once per dataset, before the timed run (``preload``); loading it is timed.
+    """
+    from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService
+    from shardpipes.datapipes.iter import IterableWrapper
+    from shardpipes.index import ShardIndex
+
+    dp = (
+        IterableWrapper(m["paths"])
+        .shuffle()
+        .sharding_by_index(ShardIndex.load(_index_path(m)))
+        .open_files_by_fsspec(mode="rb")
+        .load_from_tar()
+        .webdataset()
+        .decode(image=None)
+        .shuffle(buffer_size=cfg["shuffle"])
+    )
+    if _jpeg(m):
+        dp = dp.map(jpeg_item)
+    dp = dp.batch(cfg["batch"])
+    service = MultiProcessingReadingService(num_workers=workers) if workers else None
+    dl2 = DataLoader2(dp, reading_service=service)
+    return dl2, dl2.shutdown, f"shardpipes DataLoader2, sharding_by_index, {workers} workers"
+
+
 def torchdata09(m: dict, workers: int, cfg: dict) -> Made:
     import warnings
 
@@ -388,6 +423,7 @@ def _nothing() -> None:
 PEERS: dict[str, Callable[[dict, int, dict], Made]] = {
     "shardpipes": shardpipes,
     "shardpipes_dl2": shardpipes_dl2,
+    "shardpipes_idx": shardpipes_idx,
     "shardpipes_fused": shardpipes_fused,
     "shardpipes_fused_t2": shardpipes_fused_t2,
     "shardpipes_fused_u8": shardpipes_fused_u8,
@@ -424,6 +460,7 @@ PRELOAD: dict[str, list[str]] = {
         "torchdata.dataloader2",
     ],
     "shardpipes_dl2": ["torch", "fsspec.implementations.local", "shardpipes.dataloader2"],
+    "shardpipes_idx": ["torch", "fsspec.implementations.local", "shardpipes.dataloader2"],
     "shardpipes_fused": [
         "torch",
         "fsspec.implementations.local",
@@ -460,9 +497,14 @@ PRELOAD: dict[str, list[str]] = {
 }
 
 
-def preload(peer: str) -> None:
+def preload(peer: str, m: dict | None = None) -> None:
     import importlib
     import warnings
+
+    if peer == "shardpipes_idx" and m is not None and not os.path.exists(_index_path(m)):
+        from shardpipes.index import build_index
+
+        build_index(m["paths"], progress=False).save(_index_path(m))
 
     for name in PRELOAD[peer]:
         with warnings.catch_warnings():
@@ -483,6 +525,7 @@ def library_versions(peer: str) -> dict[str, str]:
     names = {
         "shardpipes": ["shardpipes", "torch", "torchdata"],
         "shardpipes_dl2": ["shardpipes", "torch", "torchdata"],
+        "shardpipes_idx": ["shardpipes", "torch", "torchdata"],
         "shardpipes_fused": ["shardpipes", "torch", "torchdata", "pillow"],
         "shardpipes_fused_t2": ["shardpipes", "torch", "torchdata", "pillow"],
         "shardpipes_fused_u8": ["shardpipes", "torch", "torchdata", "pillow"],

@@ -33,6 +33,7 @@ ALL_PEERS = [
     "dali",
     "shardpipes",
     "shardpipes_dl2",
+    "shardpipes_idx",
     "shardpipes_fused",
     "shardpipes_fused_t2",
     "shardpipes_fused_u8",
@@ -162,7 +163,7 @@ def ratios(rows: dict, workers: int, limit: str = "cat") -> list[str]:
         if sp is None:
             continue
         sp_cpu = _get(rows, ours, mode, "samples_per_cpu_s")
-        others = (*PEERS, "tarfile", "shardpipes_dl2")
+        others = (*PEERS, "tarfile", "shardpipes_dl2", "shardpipes_idx")
         if ours != "shardpipes":
             others = (*others, "shardpipes")
         for peer in others:

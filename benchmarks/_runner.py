@@ -136,7 +136,7 @@ def main() -> None:
     with open(args.manifest) as f:
         m = json.load(f)
     cfg = {"peer": args.peer, "shuffle": args.shuffle, "batch": args.batch}
-    _peers.preload(args.peer)
+    _peers.preload(args.peer, m)
     rss_import = _status_kb("VmRSS")
     cpu0 = _cpu_s()
     if args.peer == "cat":

@@ -16,7 +16,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(REPO, "benchmarks", "bench.py")
 
 ROW = re.compile(
-    r"^\| (?P<peer>[a-z0-9]+) \| (?P<mode>in-process|\d+ workers) \| (?P<sps>[\d,]+) \| (?P<mbs>[\d,]+) \|"
+    r"^\| (?P<peer>[a-z0-9_]+) \| (?P<mode>in-process|\d+ workers) \| (?P<sps>[\d,]+) \| (?P<mbs>[\d,]+) \|"
 )
 
 
@@ -30,7 +30,7 @@ def test_quick_run_prints_a_table_with_positive_figures(tmp_path):
         BENCH,
         "--quick",
         "--peers",
-        "shardpipes,tarfile,cat",
+        "shardpipes,shardpipes_idx,tarfile,cat",
         "--cache-dir",
         os.fspath(tmp_path / "data"),
         "--json",
@@ -49,6 +49,8 @@ def test_quick_run_prints_a_table_with_positive_figures(tmp_path):
         ("tarfile", "in-process"),
         ("shardpipes", "in-process"),
         ("shardpipes", "2 workers"),
+        ("shardpipes_idx", "in-process"),
+        ("shardpipes_idx", "2 workers"),
     }, proc.stdout
     for key, (samples_per_s, mb_per_s) in rows.items():
         assert samples_per_s > 0 and mb_per_s > 0, (key, proc.stdout)
