@@ -420,3 +420,37 @@ def test_find_index(index, shard_dir):
 def test_shard_info_byte_range_spans_samples():
     s = ShardInfo("/d/a.tar", 10240, ["x", "y", "z"], [0, 2048, 5120], [2048, 2048, 1024])
     assert s.byte_range(1, 3) == (2048, 4096)
+
+
+def test_a_local_range_is_mapped_and_parses_as_its_bytes_read_as_a_stream(index):
+    # RangeFile.map_local: the tar reader copies members straight out of the page cache. The
+    # members, their data and their offsets in the shard equal those of the same bytes read as
+    # a stream; after the map the range has nothing left to read.
+    shard = index.shards[2]
+    offset, size = shard.byte_range(1, len(shard.keys) - 1)
+    with open(shard.url, "rb") as raw:
+        raw.seek(offset)
+        data = raw.read(size)
+    streamed = list(iter_tar(io.BytesIO(data), shard.url, require_end=False, start_offset=offset))
+    with open_range(shard.url, offset, size) as f:
+        found = f.map_local()
+        assert found is not None and found[2] == offset
+        found[0].close()
+    with open_range(shard.url, offset, size) as f:
+        mapped = list(iter_tar(f, shard.url, require_end=False, start_offset=offset))
+        assert f.read() == b""
+    assert [(e.name, bytes(e.data), e.offset, e.data_offset) for e in mapped] == [
+        (e.name, bytes(e.data), e.offset, e.data_offset) for e in streamed
+    ]
+
+
+def test_a_local_range_past_the_end_of_its_shard_names_the_stale_index(index, tmp_path):
+    shard = index.shards[0]
+    offset, size = shard.byte_range(0, len(shard.keys))
+    cut = tmp_path / "cut.tar"
+    with open(shard.url, "rb") as src:
+        cut.write_bytes(src.read(offset + size // 2))
+    with open_range(str(cut), offset, size) as f:
+        assert f.map_local() is None  # shorter than the range: read, and the read says why
+        with pytest.raises(ShardFormatError, match="is the index out of date"):
+            list(iter_tar(f, str(cut), require_end=False, start_offset=offset))

@@ -163,6 +163,18 @@ def iter_tar_parts(
             for name, data, offset, data_offset in entries:
                 yield [(name, offset, 0, len(data))], memoryview(raw_bytes(data)), data_offset
         return
+    map_local = getattr(stream, "map_local", None)  # a byte range of a local file (storage/)
+    found = map_local() if map_local is not None else None
+    if found is not None:  # (the map, where the range starts in it, its offset in the shard)
+        ranged, lead, offset = found
+        try:
+            yield from _iter_mapped(ranged, url, chunk_size, lead, offset - lead, require_end)
+        finally:
+            try:
+                ranged.close()
+            except BufferError:  # a numpy view still held by a traceback: the GC unmaps it
+                pass
+        return
     mapped = _map(stream) if require_end and start_offset == 0 else None
     if mapped is not None and by_magic(mapped[:MAGIC_LENGTH]) is not None:
         mapped.close()  # a compressed file: decompress it as a stream (the file is still at 0)
@@ -290,17 +302,36 @@ def _map(stream: IO[bytes]) -> mmap.mmap | None:
     return mapped
 
 
-def _iter_mapped(buf: mmap.mmap, url: str, chunk_size: int) -> Iterator[Part]:
+def _iter_mapped(
+    buf: mmap.mmap,
+    url: str,
+    chunk_size: int,
+    pos: int = 0,
+    base: int = 0,
+    require_end: bool = True,
+) -> Iterator[Part]:
     view = memoryview(buf)
     try:
-        yield from _iter_view(buf, view, url, chunk_size)
+        yield from _iter_view(buf, view, url, chunk_size, pos, base, require_end)
     finally:
         view.release()
 
 
-def _iter_view(buf: mmap.mmap, view: memoryview, url: str, chunk_size: int) -> Iterator[Part]:
+def _iter_view(
+    buf: mmap.mmap,
+    view: memoryview,
+    url: str,
+    chunk_size: int,
+    pos: int = 0,
+    base: int = 0,
+    require_end: bool = True,
+) -> Iterator[Part]:
+    """The members of a map from ``pos`` on; ``base`` is the archive offset of ``buf[0]``.
+
+    A whole file is mapped from 0 and ends with the end-of-archive blocks; a byte range of a
+    shard (an indexed read, ``require_end=False``) ends on a member boundary at the map's end.
+    """
     carry: Carry = [None, NO_PAX, None]
-    pos = 0
     # Pages of the map that were read stay in this process's resident set (as shared file
     # pages) until unmapped; let go of each group's pages once its members are out, so a
     # mapped shard costs the process a group's worth of pages, not the shard's size.
@@ -310,21 +341,22 @@ def _iter_view(buf: mmap.mmap, view: memoryview, url: str, chunk_size: int) -> I
         # Headers are verified a group ahead of the members yielded; a group spans one chunk
         # of the file: the bulk scanner's arrays grow with it (4 chunks held 4 MB more at the
         # peak on 2 KB samples), and a chunk of a few large members goes to the general one.
-        entries, pos, end, need = scan(buf, pos, pos + _AHEAD * chunk_size, 0, url, carry)
+        entries, pos, end, need = scan(buf, pos, pos + _AHEAD * chunk_size, base, url, carry)
         if entries:
             name, _, dpos, size = entries[-1]
             if dpos + size > len(view):  # the file was truncated since it was mapped
-                truncated(url, len(view), f"inside member {name!r}")
+                truncated(url, base + len(view), f"inside member {name!r}")
         for part in _parts(entries, chunk_size):
-            yield part, view, 0  # the data is then copied straight out of the page cache
+            yield part, view, base  # the data is then copied straight out of the page cache
         upto = min(pos, len(buf)) & ~(mmap.PAGESIZE - 1)
         if release is not None and upto > released:
             release(mmap.MADV_DONTNEED, released, upto - released)
             released = upto
         if end:
             return
-        if len(buf) - pos < need:  # the file ends before the next member does
-            at_end(buf, pos, 0, url, carry, require_end=True)
+        if len(buf) - pos < need:  # the file (or the range) ends before the next member does
+            at_end(buf, pos, base, url, carry, require_end=require_end)
+            return  # a byte range of an archive ends on a member boundary
 
 
 def _iter_stream(

@@ -2,13 +2,18 @@
 
 ``sharding_by_index`` yields :class:`ShardRange` items (a shard URL plus a sample range and its
 bytes, as the index gives them); ``open_files_by_fsspec`` opens them with :func:`open_range`:
-one seek locally, one ranged request (or a streamed range) remotely.
+one seek locally (the tar reader maps the range: RangeFile.map_local), one ranged request (or a
+streamed range) remotely.
 """
 
 from __future__ import annotations
 
 import bisect
 import io
+import mmap
+import os
+import stat
+import threading
 from collections.abc import Mapping, Sequence
 from typing import IO, Any, cast
 
@@ -19,7 +24,7 @@ from shardpipes.errors import (
     ShardFormatError,
     ShardReadError,
 )
-from shardpipes.storage.pool import ReopeningFile
+from shardpipes.storage.pool import ReopeningFile, process_pool
 from shardpipes.storage.remote import open_remote, with_retries
 from shardpipes.storage.retry import Redactor, RetryPolicy
 from shardpipes.storage.source import ReadOptions, Source, resolve
@@ -169,6 +174,7 @@ class RangeFile(io.RawIOBase):
         self.offset = offset
         self.size = size
         self._pos = 0
+        self._map: _MapPlace | None = None
 
     def readable(self) -> bool:
         """``True``."""
@@ -199,6 +205,35 @@ class RangeFile(io.RawIOBase):
         self._pos += got
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
+    def map_local(self) -> tuple[mmap.mmap, int, int] | None:
+        """Map the range when it is of a local file and nothing was read: ``(map, lead, offset)``.
+
+        The tar reader then copies members once, straight out of the page cache, instead of
+        reading the range in chunks (``formats/tarparse.py``); ``map[lead:]`` is the range, whose
+        first byte is at ``offset`` in the shard. The map takes this range's place among the
+        process's open streams (``storage/pool.py``) and keeps it until the range is closed; at
+        most half the places are maps, so streams that can give their place up always have
+        the other half. ``None`` (then read the range): not local, already read from, maps at
+        their bound, or the file shorter than the range (the read names the stale index).
+        """
+        if self._pos or not isinstance(self._raw, ReopeningFile) or self._map is not None:
+            return None
+        with _MAPS_LOCK:
+            global _MAPS
+            pool = process_pool()
+            if max(1, pool.limits.streams // 2) <= _MAPS:
+                return None
+            found = _map_range(self._raw.name, self.offset, self.size)
+            if found is None:
+                return None
+            _MAPS += 1
+        self._map = _MapPlace()
+        self._pos = self.size  # the map is the range: nothing is left to read() after it
+        if self._raw.try_release():  # its handle is not needed while the map is read
+            pool.leave(self._raw)
+        pool.take_place(self._map)
+        return found[0], found[1], self.offset
+
     def readall(self) -> bytes:
         """Read the rest of the range."""
         return self.read(-1)
@@ -210,10 +245,60 @@ class RangeFile(io.RawIOBase):
         return len(data)
 
     def close(self) -> None:
-        """Close the underlying file."""
+        """Close the underlying file (and give up the place of a map, :meth:`map_local`)."""
         if not self.closed:
             self._raw.close()
+            if self._map is not None:
+                global _MAPS
+                process_pool().leave(self._map)
+                with _MAPS_LOCK:
+                    _MAPS -= 1
+                self._map = None
         super().close()
+
+
+_MAPS_LOCK = threading.Lock()
+_MAPS = 0  # ranges of local files mapped now in this process (RangeFile.map_local)
+
+
+def _forked() -> None:
+    global _MAPS, _MAPS_LOCK
+    _MAPS, _MAPS_LOCK = 0, threading.Lock()  # a forked child holds none of its parent's maps
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
+class _MapPlace:
+    """The place among the process's open streams that a mapped range holds until closed."""
+
+    def try_release(self) -> bool:
+        return False  # the reader holds views of the map; the place is given up at close
+
+
+def _map_range(path: str, offset: int, size: int) -> tuple[mmap.mmap, int] | None:
+    """Map bytes ``[offset, offset + size)`` of a local file, from the boundary before ``offset``.
+
+    Returns the map and where the range starts in it; ``None`` for an empty range or a file
+    shorter than the range.
+    """
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    if size <= 0:
+        return None
+    try:
+        with open(path, "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode) or info.st_size < offset + size:
+                return None
+            mapped = mmap.mmap(
+                f.fileno(), offset + size - start, access=mmap.ACCESS_READ, offset=start
+            )
+    except (OSError, ValueError):
+        return None
+    if hasattr(mapped, "madvise"):
+        mapped.madvise(mmap.MADV_SEQUENTIAL)  # read ahead as read() would on a cold cache
+    return mapped, offset - start
 
 
 def open_range(
