@@ -310,27 +310,28 @@ def _iter_mapped(
     base: int = 0,
     require_end: bool = True,
 ) -> Iterator[Part]:
-    view = memoryview(buf)
-    try:
-        yield from _iter_view(buf, view, url, chunk_size, pos, base, require_end)
-    finally:
-        view.release()
-
-
-def _iter_view(
-    buf: mmap.mmap,
-    view: memoryview,
-    url: str,
-    chunk_size: int,
-    pos: int = 0,
-    base: int = 0,
-    require_end: bool = True,
-) -> Iterator[Part]:
     """The members of a map from ``pos`` on; ``base`` is the archive offset of ``buf[0]``.
 
     A whole file is mapped from 0 and ends with the end-of-archive blocks; a byte range of a
     shard (an indexed read, ``require_end=False``) ends on a member boundary at the map's end.
     """
+    view = memoryview(buf)
+    try:
+        yield from _members_of_map(buf, view, url, chunk_size, pos, base, require_end)
+    finally:
+        view.release()
+
+
+def _members_of_map(
+    buf: mmap.mmap,
+    view: memoryview,
+    url: str,
+    chunk_size: int,
+    pos: int,
+    base: int,
+    require_end: bool,
+) -> Iterator[Part]:
+    """:func:`_iter_mapped`'s loop, over ``view`` (the whole map)."""
     carry: Carry = [None, NO_PAX, None]
     # Pages of the map that were read stay in this process's resident set (as shared file
     # pages) until unmapped; let go of each group's pages once its members are out, so a

@@ -221,7 +221,7 @@ class RangeFile(io.RawIOBase):
         with _MAPS_LOCK:
             global _MAPS
             pool = process_pool()
-            if max(1, pool.limits.streams // 2) <= _MAPS:
+            if pool.limits.streams // 2 <= _MAPS:  # (1 place: no maps)
                 return None
             found = _map_range(self._raw.name, self.offset, self.size)
             if found is None:

@@ -17,6 +17,7 @@ Downloads use the same resumable, retrying stream as ``open_files_by_fsspec``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -164,8 +165,13 @@ class OnDiskCacheHolderIterDataPipe(StageIterDataPipe[str]):
     def _download(self, url: str, path: str) -> None:
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.cache_dir)
         try:
+            # Read in this thread, without the process's read-ahead pool: this download runs
+            # inside an opener that may be opening shards ahead through the same pool, and a
+            # read-ahead stream here could wait on fetches queued behind that opener's look-up
+            # (seen as a hang of test_guarantees over S3 with on_disk_cache).
+            options = dataclasses.replace(self.options, readahead=0)
             with contextlib.closing(
-                open_source(resolve(url, self.storage_options), "rb", self.options)
+                open_source(resolve(url, self.storage_options), "rb", options)
             ) as src:
                 while block := src.read(self.block_size):
                     self._write_all(fd, block, url)
