@@ -166,9 +166,9 @@ def iter_tar_parts(
     map_local = getattr(stream, "map_local", None)  # a byte range of a local file (storage/)
     found = map_local() if map_local is not None else None
     if found is not None:  # (the map, where the range starts in it, its offset in the shard)
-        ranged, lead, offset = found
-        try:
-            yield from _iter_mapped(ranged, url, chunk_size, lead, offset - lead, require_end)
+        ranged, lead, _ = found
+        try:  # offsets counted from start_offset at the range's start, as the stream path does
+            yield from _iter_mapped(ranged, url, chunk_size, lead, start_offset - lead, require_end)
         finally:
             try:
                 ranged.close()
