@@ -138,13 +138,10 @@ def _jpeg(m: dict) -> bool:
 # --- peers ------------------------------------------------------------------------------------
 
 
-def shardpipes(m: dict, workers: int, cfg: dict) -> Made:
-    from shardpipes.datapipes.iter import IterableWrapper
-
+def _readme_graph(m: dict, cfg: dict, sharded: Any) -> Any:
+    """The README graph over ``sharded`` (the shard list after its sharding stage)."""
     dp = (
-        IterableWrapper(m["paths"])
-        .sharding_filter()
-        .open_files_by_fsspec(mode="rb")
+        sharded.open_files_by_fsspec(mode="rb")
         .load_from_tar()
         .webdataset()
         .decode(image=None)
@@ -152,7 +149,13 @@ def shardpipes(m: dict, workers: int, cfg: dict) -> Made:
     )
     if _jpeg(m):
         dp = dp.map(jpeg_item)  # after the shuffle: the buffer holds encoded images
-    dp = dp.batch(cfg["batch"])
+    return dp.batch(cfg["batch"])
+
+
+def shardpipes(m: dict, workers: int, cfg: dict) -> Made:
+    from shardpipes.datapipes.iter import IterableWrapper
+
+    dp = _readme_graph(m, cfg, IterableWrapper(m["paths"]).sharding_filter())
     if workers == 0:
         return dp, _nothing, "graph iterated directly"
     return _shardpipes_loader(dp, workers)
@@ -276,19 +279,8 @@ def shardpipes_idx(m: dict, workers: int, cfg: dict) -> Made:
     from shardpipes.datapipes.iter import IterableWrapper
     from shardpipes.index import ShardIndex
 
-    dp = (
-        IterableWrapper(m["paths"])
-        .shuffle()
-        .sharding_by_index(ShardIndex.load(_index_path(m)))
-        .open_files_by_fsspec(mode="rb")
-        .load_from_tar()
-        .webdataset()
-        .decode(image=None)
-        .shuffle(buffer_size=cfg["shuffle"])
-    )
-    if _jpeg(m):
-        dp = dp.map(jpeg_item)
-    dp = dp.batch(cfg["batch"])
+    index = ShardIndex.load(_index_path(m))
+    dp = _readme_graph(m, cfg, IterableWrapper(m["paths"]).shuffle().sharding_by_index(index))
     service = MultiProcessingReadingService(num_workers=workers) if workers else None
     dl2 = DataLoader2(dp, reading_service=service)
     return dl2, dl2.shutdown, f"shardpipes DataLoader2, sharding_by_index, {workers} workers"
