@@ -46,6 +46,7 @@ from shardpipes.datapipes.iter._lean import (
     LeanMapperIterDataPipe,
     LeanShufflerIterDataPipe,
 )
+from shardpipes.datapipes.iter._unhooked import torch_kind
 from shardpipes.datapipes.iter.base import in_main_process, is_resumable
 from shardpipes.datapipes.iter.cache import OnDiskCacheHolderIterDataPipe
 from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
@@ -271,7 +272,7 @@ def resume_shape(
 
 def _lean(dp: Any) -> Any:
     """The lean replacement of ``dp``, or ``None`` when it has none (or uses columns)."""
-    kind = type(dp)
+    kind = torch_kind(type(dp))  # the stage dp.shuffle() builds is a subclass of torch's
     if kind is Shuffler:
         return LeanShufflerIterDataPipe(dp.datapipe, dp.buffer_size, dp._enabled, dp._seed)
     if kind is Batcher:

@@ -14,6 +14,8 @@ from typing import Any
 from torch.utils.data import IterDataPipe, MapDataPipe
 from torch.utils.data.graph import DataPipe, DataPipeGraph, traverse_dps
 
+from shardpipes.datapipes.iter._unhooked import torch_kind
+
 __all__ = ["find_dps", "list_dps", "remove_dp", "replace_dp"]
 
 
@@ -31,8 +33,13 @@ def _walk_once(graph: DataPipeGraph) -> Iterator[tuple[DataPipe, DataPipeGraph]]
 
 
 def find_dps(graph: DataPipeGraph, dp_type: type) -> list[DataPipe]:
-    """Stages of exactly type ``dp_type`` in ``graph`` (each once; subclasses do not count, as in 0.9)."""
-    found: list[DataPipe] = [dp for dp, _ in _walk_once(graph) if type(dp) is dp_type]
+    """Stages of exactly type ``dp_type`` in ``graph`` (each once; subclasses do not count, as in 0.9).
+
+    torch's ``Shuffler``, ``Mapper`` and ``Filter`` and the classes ``shuffle``, ``map`` and
+    ``filter`` build (their unhooked subclasses, ``_unhooked.py``) count as one type.
+    """
+    kind = torch_kind(dp_type)
+    found: list[DataPipe] = [dp for dp, _ in _walk_once(graph) if torch_kind(type(dp)) is kind]
     return found
 
 

@@ -1,7 +1,9 @@
 """Iterable DataPipes: the stages of a shardpipes graph.
 
 Torch's own stages (``map``, ``filter``, ``batch``, ``shuffle``, ``sharding_filter``, ...) are
-re-exported under their torchdata 0.9 names, so one import line serves the whole graph.
+re-exported under their torchdata 0.9 names, so one import line serves the whole graph;
+``Shuffler``, ``Mapper`` and ``Filter`` are torch's without the per-element hook
+(``_unhooked.py``).
 """
 
 from torch.utils.data.datapipes.iter import (
@@ -11,20 +13,20 @@ from torch.utils.data.datapipes.iter import (
     Demultiplexer,
     FileLister,
     FileOpener,
-    Filter,
     Forker,
     Grouper,
     IterableWrapper,
-    Mapper,
     Multiplexer,
     Sampler,
     ShardingFilter,
-    Shuffler,
     StreamReader,
     UnBatcher,
     Zipper,
 )
 
+from shardpipes.datapipes.iter._unhooked import UnhookedFilter as Filter
+from shardpipes.datapipes.iter._unhooked import UnhookedMapper as Mapper
+from shardpipes.datapipes.iter._unhooked import UnhookedShuffler as Shuffler
 from shardpipes.datapipes.iter.batch import InBatchShufflerIterDataPipe as InBatchShuffler
 from shardpipes.datapipes.iter.decode import DecoderIterDataPipe as Decoder
 from shardpipes.datapipes.iter.expand import ShardExpanderIterDataPipe as ShardExpander

@@ -11,8 +11,9 @@ Why our stages skip torch's per-element iterator hook: torch's ``_IterDataPipeMe
 iterator validity. Measured on the development machine that costs ~1.1 us per element per stage,
 about as much as parsing a tar member; a seven-stage pipeline of small samples spends more time
 in the hook than in the work. Our stages keep their plain generator ``__iter__`` (the hook's
-only other job, calling ``reset()`` on a new iterator, is done here). Torch's own stages
-(``shuffle``, ``batch``, ``map``, ...) keep the hook.
+only other job, calling ``reset()`` on a new iterator, is done here). Torch's ``shuffle``,
+``map`` and ``filter`` run as subclasses that drop the hook too (``_unhooked.py``); its other
+stages (``batch``, once per batch, ...) keep it.
 """
 
 from __future__ import annotations
@@ -176,12 +177,17 @@ def widen(name: str, cls: type) -> None:
     """
     taken = IterDataPipe.functions.get(name)
     owner = taken.args[0] if taken is not None and hasattr(taken, "args") and taken.args else None
-    if owner is None or not (isinstance(owner, type) and issubclass(cls, owner)):
+    again = owner is not None and _qualname(owner) == _qualname(cls)  # a re-imported module
+    if owner is None or not (again or (isinstance(owner, type) and issubclass(cls, owner))):
         raise RuntimeError(
             f"{cls.__qualname__} can only widen a stage it subclasses; {name!r} is {owner!r}"
         )
     del IterDataPipe.functions[name]
     functional_datapipe(name)(cls)
+
+
+def _qualname(cls: Any) -> str:
+    return f"{getattr(cls, '__module__', '')}.{getattr(cls, '__qualname__', '')}"
 
 
 def check_picklable_fn(fn: Callable[..., Any], what: str) -> None:
