@@ -380,3 +380,76 @@ def test_with_pin_memory_tensors_are_left_to_torchs_queues_and_its_pin_thread():
         assert not rs._attached.blocks  # torch's pin thread saw real tensors
     assert [i for i, _ in got] == list(range(8))
     assert all(torch.equal(t, torch.full((1000,), float(i))) for i, t in got)
+
+
+def test_tensors_and_arrays_are_lent_from_the_block_until_they_are_gone():
+    """No copy in the main process: each tensor owns a storage of exactly its bytes in the
+    block, the block is not written again while any of them lives, and is free once all are."""
+    import gc
+
+    attached = Attachments()
+    ring = Ring(slots=2, owner=attached.owner)
+    try:
+        images = [torch.rand(3, 40, 40) for _ in range(4)]
+        array = np.arange(MIN_BYTES, dtype=np.int32).reshape(-1, 8)
+        batch = [{"img": t, "arr": array if i == 0 else None} for i, t in enumerate(images)]
+        back = attached.unpack(ring.pack(batch))
+        first = back[0]["img"]
+        assert all(torch.equal(b["img"], t) for b, t in zip(back, images, strict=True))
+        assert np.array_equal(back[0]["arr"], array) and back[0]["arr"].dtype == array.dtype
+        # its own storage, exactly its bytes, as the worker's tensor had (torch.save writes
+        # only them, not the block)
+        assert first.untyped_storage().nbytes() == first.nbytes and first.storage_offset() == 0
+        assert first._base is None and first.is_contiguous()
+        # the block is lent: the ring writes its other block, then has none free
+        other = [torch.ones(5000)]
+        assert type(ring.pack(other)) is Packed
+        third = [torch.zeros(5000)]
+        assert ring.pack(third) is third
+        kept = first.clone()
+        del back, batch
+        gc.collect()
+        assert torch.equal(first, kept)  # one value still alive: still lent, intact
+        assert ring.pack(third) is third
+        del first
+        gc.collect()
+        packed = ring.pack(third)  # every value gone: the block is free again
+        assert type(packed) is Packed
+        assert torch.equal(attached.unpack(packed)[0], third[0])
+    finally:
+        attached.close()
+    assert not leftover_blocks(attached.owner)
+
+
+def test_values_lent_from_a_closed_loader_stay_valid():
+    attached = Attachments()
+    ring = Ring(slots=1, owner=attached.owner)
+    image = torch.rand(3, 64, 64)
+    back = attached.unpack(ring.pack([image]))
+    attached.close()  # the loader shuts down while the training loop still holds a batch
+    assert not leftover_blocks(attached.owner)  # the name is gone, the map stays
+    assert torch.equal(back[0], image)
+    back[0].add_(1)  # still writable memory of this process
+    assert torch.allclose(back[0], image + 1)
+
+
+def _image(i):
+    g = torch.Generator().manual_seed(i)
+    return {"i": i, "img": torch.rand(3, 32, 32, generator=g)}
+
+
+def test_workers_lend_tensors_and_batches_kept_by_the_loop_stay_exact():
+    """The training loop keeps every batch (more than the workers' blocks): each stays exactly
+    what its worker made, the overflow travelling through torch's queues instead."""
+    dp = IterableWrapper(range(200)).sharding_filter().map(_image).batch(8)
+    rs = MultiProcessingReadingService(num_workers=2)
+    with DataLoader2(dp, reading_service=rs) as dl:
+        owner = rs._attached.owner
+        for epoch in range(2):
+            kept = list(dl)
+            assert sorted(s["i"] for b in kept for s in b) == list(range(200))
+            for b in kept:
+                for s in b:
+                    assert torch.equal(s["img"], _image(s["i"])["img"]), (epoch, s["i"])
+            del kept
+    assert not leftover_blocks(owner)

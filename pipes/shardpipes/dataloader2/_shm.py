@@ -10,9 +10,13 @@ Instead, each worker keeps a small ring of shared-memory blocks (``multiprocessi
 created once and reused, so their pages stay mapped). :meth:`Ring.pack` copies every ``bytes``
 value and numpy array of at least :data:`MIN_BYTES`, and every plain CPU tensor, of a batch
 into the next block and sends the batch with small placeholders; :meth:`Attachments.unpack`,
-in the main process, copies each value out of the block into a new ``bytes``, array or tensor
-(same type, dtype, shape and contents) as soon as the batch arrives. The training loop sees
-exactly the items of an in-process run.
+in the main process, copies each ``bytes`` value out of the block into a new one as soon as
+the batch arrives, and *lends* the tensors and arrays: each is made over its bytes in the block
+(a tensor with a storage of its own, exactly its bytes; same type, dtype, shape and contents),
+with no copy, and the block goes back to its worker when the last of them is freed. The
+training loop sees exactly the items of an in-process run. Copying a batch of 64 224x224 float
+images (38.5 MB) out cost the main process about 270 us an image, in a new allocation too
+large for the heap to keep, faulted in for each batch; lending costs about 10 us.
 
 Which tensors: of type ``torch.Tensor`` exactly, on the CPU, dense and contiguous, owning
 their whole storage (not a view into a larger one, so no two values of a batch share memory
@@ -21,10 +25,12 @@ attributes of their own. Anything else (a subclass, a view) goes through torch's
 queues as before. Numpy arrays: ``numpy.ndarray`` exactly, C-contiguous, without Python objects.
 
 Why a ring is safe: each block starts with two numbers, the batch last written into it (by the
-worker) and the batch last copied out of it (by the main process). A worker writes a block only
-when the two are equal, that is when the main process is done with it; otherwise (more batches
-in flight than blocks, as when the other workers have finished an epoch and all requests go to
-this one) it pickles that batch as it would without the ring. The main process checks the
+worker) and the batch last given back (by the main process, once its bytes are copied out and
+the values lent from it are gone). A worker writes a block only when the two are equal, that
+is when the main process is done with it; it takes the next free one of its blocks, and when
+none is free (more batches in flight or kept by the training loop than blocks, as when the
+other workers have finished an epoch and all requests go to this one) it pickles that batch as
+it would without the ring. The main process checks the
 written number again after copying and raises rather than return torn data, should anything
 ever write a block early. ``prefetch + 2`` blocks per worker cover the usual case. A batch
 larger than its block gets a larger block in its place when the old one is free (a new name,
@@ -43,6 +49,7 @@ import logging
 import os
 import secrets
 import struct
+import weakref
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any, cast
 
@@ -247,6 +254,31 @@ def _read(buf: memoryview, span: tuple[Any, ...]) -> Any:
     return array
 
 
+def _lent(lease: np.ndarray, span: tuple[Any, ...]) -> Any:
+    """A tensor or array over ``span`` of the block ``lease`` maps, with no copy.
+
+    A tensor gets a storage of its own, exactly its bytes (as one made in the worker had), that
+    keeps ``lease`` alive until the storage is freed; an array is a view whose base chain ends
+    at ``lease``. Empty values are new (a zero-length buffer cannot be lent).
+    """
+    kind, at, n, dtype, shape = span
+    if kind == _TENSOR:
+        if not n:
+            return torch.empty(shape, dtype=dtype)
+        flat = torch.frombuffer(lease, dtype=dtype, count=n // dtype.itemsize, offset=at)
+        out = torch.empty((0,), dtype=dtype)
+        return out.set_(flat.untyped_storage(), 0, shape)  # type: ignore[call-overload]
+    if not n:
+        return np.empty(shape, dtype=dtype)
+    return np.frombuffer(lease, dtype=dtype, count=n // dtype.itemsize, offset=at).reshape(shape)
+
+
+def _give_back(buf: memoryview, seq: int) -> None:
+    """Mark a block free for its worker (the last tensor or array lent from it is gone)."""
+    with contextlib.suppress(ValueError, TypeError):  # the loader has closed the block
+        _SEQ.pack_into(buf, 8, seq)
+
+
 class Ring:
     """A worker's blocks (``slots`` of them), written round-robin, one batch per block.
 
@@ -307,7 +339,13 @@ class Ring:
         found: list[Any] = []
         skeleton = _swap(item, 2, found, {}, self.leaves)
         size = _HEADER_SIZE + sum(_aligned(_nbytes(x)) for x in found)
-        block = self._block((self.seq + 1) % self.slots, size)
+        # The next slot, or the first free one after it: the main process lends the tensors
+        # and arrays of a batch straight from its block and frees it when they are gone.
+        block = None
+        for step in range(self.slots):
+            block = self._block((self.seq + 1 + step) % self.slots, size)
+            if block is not None:
+                break
         if block is None:
             return item
         buf = cast(memoryview, block.buf)  # None only after close()
@@ -358,7 +396,7 @@ class Attachments:
         if old is not None:
             # The worker replaced a free block by a larger one and removed the old name.
             replaced = self.blocks.pop(old)
-            replaced.close()
+            _unmap(replaced)
             resource_tracker.unregister(replaced._name, "shared_memory")  # type: ignore[attr-defined]
         return block
 
@@ -370,23 +408,36 @@ class Attachments:
         if block is None:
             block = self._attach(item.name)
         buf = cast(memoryview, block.buf)  # None only after close()
-        total = sum(span[2] for span in item.spans)
-        if total > self.heap_kept:
-            _keep_heap(total)
-            self.heap_kept = total
-        values = [_read(buf, span) for span in item.spans]
         if _SEQ.unpack_from(buf, 0)[0] != item.seq:
             raise RuntimeError(
                 f"shared-memory block {item.name} was overwritten before batch {item.seq} was "
                 "read from it; please report this"
             )
-        _SEQ.pack_into(buf, 8, item.seq)  # the block is free for the worker again
+        copied = sum(span[2] for span in item.spans if span[0] <= _STREAM)
+        if copied > self.heap_kept:
+            _keep_heap(copied)
+            self.heap_kept = copied
+        lease: np.ndarray | None = None
+        values = []
+        for span in item.spans:
+            if span[0] <= _STREAM:  # bytes are copied into new objects
+                values.append(_read(buf, span))
+                continue
+            if lease is None:  # tensors and arrays are lent from the block
+                lease = np.frombuffer(buf, dtype=np.uint8)
+            values.append(_lent(lease, span))
+        if lease is None:
+            _SEQ.pack_into(buf, 8, item.seq)  # the block is free for the worker again
+        else:
+            # Free once every tensor and array lent from it is gone; until then the worker
+            # writes its other blocks (or pickles, when none is free).
+            weakref.finalize(lease, _give_back, buf, item.seq)
         return _restore(item.item, 2, values)
 
     def close(self) -> None:
         """Unmap and remove every block seen (the workers have stopped)."""
         for block in self.blocks.values():
-            block.close()
+            _unmap(block)
             try:
                 block.unlink()  # also tells the resource tracker it is gone
             except FileNotFoundError:
@@ -400,3 +451,14 @@ class Attachments:
                 if name.startswith(f"{PREFIX}{self.owner}_"):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(os.path.join(shm, name))
+
+
+def _unmap(block: shared_memory.SharedMemory) -> None:
+    """Unmap ``block`` now, or, while tensors or arrays lent from it live, when they are gone."""
+    try:
+        block.close()
+    except BufferError:
+        # Still lent out: the values hold the block's view, which holds its map; let go of
+        # both here, and the map goes when the last value made from it is freed.
+        block._buf = None  # type: ignore[attr-defined]
+        block._mmap = None  # type: ignore[attr-defined]
