@@ -397,6 +397,7 @@ def test_tensors_and_arrays_are_lent_from_the_block_until_they_are_gone():
         first = back[0]["img"]
         assert all(torch.equal(b["img"], t) for b, t in zip(back, images, strict=True))
         assert np.array_equal(back[0]["arr"], array) and back[0]["arr"].dtype == array.dtype
+        assert back[0]["arr"].flags.writeable  # as the worker's own array was
         # its own storage, exactly its bytes, as the worker's tensor had (torch.save writes
         # only them, not the block)
         assert first.untyped_storage().nbytes() == first.nbytes and first.storage_offset() == 0

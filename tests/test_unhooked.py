@@ -21,8 +21,13 @@ from torch.utils.data.datapipes.iter import Shuffler as TorchShuffler
 from torch.utils.data.datapipes.utils.snapshot import _simple_graph_snapshot_restoration
 
 from shardpipes.dataloader2.graph.utils import find_dps
-from shardpipes.datapipes.iter import Filter, IterableWrapper, Mapper, Shuffler
-from shardpipes.datapipes.iter._unhooked import UnhookedShuffler, torch_kind
+from shardpipes.datapipes.iter import IterableWrapper
+from shardpipes.datapipes.iter._unhooked import (
+    FilterIterDataPipe,
+    MapperIterDataPipe,
+    ShufflerIterDataPipe,
+    torch_kind,
+)
 
 
 def _double(x: int) -> int:
@@ -34,12 +39,24 @@ def _odd(x: int) -> bool:
 
 
 def test_the_functional_names_build_the_unhooked_subclasses():
+    import shardpipes.datapipes.iter as stages
+
     src = IterableWrapper(range(10))
-    assert type(src.shuffle()) is Shuffler is UnhookedShuffler
-    assert type(src.map(_double)) is Mapper and type(src.filter(_odd)) is Filter
-    for ours, theirs in ((Shuffler, TorchShuffler), (Mapper, TorchMapper), (Filter, TorchFilter)):
+    assert type(src.shuffle()) is ShufflerIterDataPipe
+    assert (
+        type(src.map(_double)) is MapperIterDataPipe
+        and type(src.filter(_odd)) is FilterIterDataPipe
+    )
+    pairs = (
+        (ShufflerIterDataPipe, TorchShuffler),
+        (MapperIterDataPipe, TorchMapper),
+        (FilterIterDataPipe, TorchFilter),
+    )
+    for ours, theirs in pairs:
         assert issubclass(ours, theirs) and ours is not theirs
         assert torch_kind(ours) is theirs
+        # the class names stay torch's own objects, as torchdata 0.9 exported them
+        assert getattr(stages, theirs.__name__.replace("IterDataPipe", "")) is theirs
 
 
 @settings(max_examples=60, deadline=None)
@@ -106,7 +123,7 @@ def _restored(shuffle, mapper):
 
 
 def test_snapshot_restoration_does_what_it_does_with_torchs_stages():
-    ours = _restored(Shuffler, Mapper)
+    ours = _restored(ShufflerIterDataPipe, MapperIterDataPipe)
     assert ours == _restored(TorchShuffler, TorchMapper)
     head, rest, _, count = ours
     assert count == 13 and sorted(head + rest) == [2 * i for i in range(40)]
@@ -118,7 +135,7 @@ def test_under_a_profiler_the_stage_is_recorded():
         out = list(dp)
     assert sorted(out) == list(range(10))
     names = {e.name for e in prof.function_events}
-    assert any("UnhookedShuffler" in n for n in names), sorted(names)[:20]
+    assert any(n.startswith("Shuffler(buffer_size=3") for n in names), sorted(names)[:20]
 
 
 def test_find_dps_counts_torchs_class_and_ours_as_one():
@@ -126,5 +143,5 @@ def test_find_dps_counts_torchs_class_and_ours_as_one():
     from torch.utils.data.graph import traverse_dps
 
     g = traverse_dps(graph)
-    assert len(find_dps(g, TorchShuffler)) == 1 == len(find_dps(g, Shuffler))
+    assert len(find_dps(g, TorchShuffler)) == 1 == len(find_dps(g, ShufflerIterDataPipe))
     assert len(find_dps(g, TorchMapper)) == 1

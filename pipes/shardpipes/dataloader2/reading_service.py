@@ -486,7 +486,26 @@ class MultiProcessingReadingService(ReadingServiceInterface):
             # StatefulDataLoader keeps persistent workers on this iterator; stopping them
             # here, not in a __del__, is what makes shutdown deterministic.
             iterator._shutdown_workers()
+            _join_feeders(iterator)
         self._attached.close()
+
+
+def _join_feeders(iterator: Any) -> None:
+    """Wait for the feeder threads of a stopped pool's closed queues to end.
+
+    They end on their own soon after ``close()``; a thread still ending when the next loader
+    forks its workers can leave a forked child stuck before it runs any Python (CPython 3.11
+    tears the parent's threads down in the child under a lock that thread may hold: seen once,
+    a worker of the second loader of a rank hung in ``PyOS_AfterFork_Child``).
+    """
+    queues = [
+        *getattr(iterator, "_index_queues", ()),
+        getattr(iterator, "_worker_result_queue", None),
+    ]
+    for q in queues:
+        thread = getattr(q, "_thread", None)
+        if thread is not None and getattr(q, "_closed", False):
+            thread.join(timeout=10)
 
 
 class DistributedReadingService(ReadingServiceInterface):

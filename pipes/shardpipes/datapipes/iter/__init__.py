@@ -1,9 +1,9 @@
 """Iterable DataPipes: the stages of a shardpipes graph.
 
 Torch's own stages (``map``, ``filter``, ``batch``, ``shuffle``, ``sharding_filter``, ...) are
-re-exported under their torchdata 0.9 names, so one import line serves the whole graph;
-``Shuffler``, ``Mapper`` and ``Filter`` are torch's without the per-element hook
-(``_unhooked.py``).
+re-exported under their torchdata 0.9 names (torch's own classes, as 0.9 did), so one import
+line serves the whole graph; the functional forms ``shuffle``, ``map`` and ``filter`` build
+subclasses of them without torch's per-element hook (``_unhooked.py``).
 """
 
 from torch.utils.data.datapipes.iter import (
@@ -13,20 +13,21 @@ from torch.utils.data.datapipes.iter import (
     Demultiplexer,
     FileLister,
     FileOpener,
+    Filter,
     Forker,
     Grouper,
     IterableWrapper,
+    Mapper,
     Multiplexer,
     Sampler,
     ShardingFilter,
+    Shuffler,
     StreamReader,
     UnBatcher,
     Zipper,
 )
 
-from shardpipes.datapipes.iter._unhooked import UnhookedFilter as Filter
-from shardpipes.datapipes.iter._unhooked import UnhookedMapper as Mapper
-from shardpipes.datapipes.iter._unhooked import UnhookedShuffler as Shuffler
+from shardpipes.datapipes.iter import _unhooked  # noqa: F401 - shuffle, map, filter without the hook
 from shardpipes.datapipes.iter.batch import InBatchShufflerIterDataPipe as InBatchShuffler
 from shardpipes.datapipes.iter.decode import DecoderIterDataPipe as Decoder
 from shardpipes.datapipes.iter.expand import ShardExpanderIterDataPipe as ShardExpander

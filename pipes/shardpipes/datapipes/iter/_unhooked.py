@@ -7,9 +7,12 @@ second generator that enters the profiler check and a validity check through sev
 calls: on the README graph iterated directly, ``shuffle`` alone spent ~2 us a sample in it,
 about a fifth of the whole graph's cost.
 
-The classes here are subclasses of torch's, registered under torch's functional names and
-exported under torch's class names, so ``dp.shuffle()`` builds one and ``isinstance(dp,
-torch.utils.data.datapipes.iter.Shuffler)`` still holds. They yield what torch's yield, in the
+The classes here are subclasses of torch's with torch's own class names (in this module),
+registered under torch's functional names: ``dp.shuffle()`` builds one, ``isinstance(dp,
+torch.utils.data.datapipes.iter.Shuffler)`` still holds, and every name shown for a stage (in
+errors, in a loader state's plan, in ``to_graph``) is what it was. ``from
+shardpipes.datapipes.iter import Shuffler`` is torch's class itself, as torchdata 0.9 exported
+it; built by that name, a stage keeps torch's hook. They yield what torch's yield, in the
 same order for the same seed (the same buffer algorithm and the same draws from the same
 ``random.Random``; ``test_unhooked.py`` compares them with torch's), and keep the hook's
 observable contract at the cost of two attribute operations per element: ``reset()`` when the
@@ -36,7 +39,7 @@ from torch.utils.data.datapipes.utils.common import StreamWrapper
 
 from shardpipes.datapipes.iter.base import widen
 
-__all__ = ["UnhookedFilter", "UnhookedMapper", "UnhookedShuffler", "torch_kind"]
+__all__ = ["FilterIterDataPipe", "MapperIterDataPipe", "ShufflerIterDataPipe", "torch_kind"]
 
 T = TypeVar("T")
 
@@ -51,7 +54,7 @@ def _start(dp: Any) -> tuple[Iterator[Any] | None, int]:
     return None, _set_datapipe_valid_iterator_id(dp)  # type: ignore[no-untyped-call]
 
 
-class UnhookedShuffler(Shuffler[T]):
+class ShufflerIterDataPipe(Shuffler[T]):
     """torch's ``Shuffler`` (functional name ``shuffle``): same order, no per-element hook."""
 
     def _iter_unhooked(self) -> Iterator[T]:
@@ -90,7 +93,7 @@ class UnhookedShuffler(Shuffler[T]):
                 _check_iterator_valid(self, me)
 
 
-class UnhookedMapper(Mapper[Any]):
+class MapperIterDataPipe(Mapper[Any]):
     """torch's ``Mapper`` (functional name ``map``): the same items, no per-element hook."""
 
     def _iter_unhooked(self) -> Iterator[Any]:
@@ -108,7 +111,7 @@ class UnhookedMapper(Mapper[Any]):
                 _check_iterator_valid(self, me)
 
 
-class UnhookedFilter(Filter[T]):
+class FilterIterDataPipe(Filter[T]):
     """torch's ``Filter`` (functional name ``filter``): the same items, no per-element hook."""
 
     def _iter_unhooked(self) -> Iterator[T]:
@@ -132,7 +135,7 @@ _TORCH_KIND: dict[type, type] = {}
 
 
 def torch_kind(kind: type) -> type:
-    """Torch's class for one of ours here (``UnhookedShuffler`` -> ``Shuffler``), else ``kind``."""
+    """Torch's class for one of ours here (``ShufflerIterDataPipe`` -> ``Shuffler``), else ``kind``."""
     return _TORCH_KIND.get(kind, kind)
 
 
@@ -153,9 +156,9 @@ def _unhook(cls: Any, torch_cls: Any) -> None:
 
 
 for _cls, _torch_cls, _name in (
-    (UnhookedShuffler, Shuffler, "shuffle"),
-    (UnhookedMapper, Mapper, "map"),
-    (UnhookedFilter, Filter, "filter"),
+    (ShufflerIterDataPipe, Shuffler, "shuffle"),
+    (MapperIterDataPipe, Mapper, "map"),
+    (FilterIterDataPipe, Filter, "filter"),
 ):
     _unhook(_cls, _torch_cls)
     _TORCH_KIND[_cls] = _torch_cls
