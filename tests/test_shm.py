@@ -11,7 +11,7 @@ import torch
 from torch.utils.data.datapipes.datapipe import DataChunk
 
 from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService
-from shardpipes.dataloader2._shm import MIN_BYTES, PREFIX, Attachments, Packed, Ring
+from shardpipes.dataloader2._shm import MIN_BYTES, PREFIX, Attachments, Packed, Pickled, Ring
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.formats.stream import StreamBytes
 from shardpipes.synthetic import write_synthetic
@@ -35,7 +35,9 @@ def test_pack_and_unpack_give_back_the_same_batch():
         assert back == batch and type(back) is DataChunk
         assert type(back[0][".bin"]) is bytes
         plain = [{"a": small}, (1, 2)]
-        assert ring.pack(plain) is plain  # nothing large: sent as it is
+        pickled = ring.pack(plain)  # nothing large: the whole batch pickled into a block
+        assert type(pickled) is Pickled and attached.unpack(pickled) == plain
+        assert ring.pack((1, 2)) == (1, 2)  # not a batch (a list): sent as it is
         for i in range(5):  # the ring wraps around and keeps serving exact copies
             item = (os.urandom(MIN_BYTES + i), i)
             assert attached.unpack(ring.pack(item)) == item
@@ -269,7 +271,7 @@ def test_tensors_that_are_more_than_their_contents_are_left_to_torch():
     ring = Ring(slots=2, owner=attached.owner)
     try:
         batch = [others]
-        assert ring.pack(batch) is batch  # nothing for the block: sent as it is
+        assert ring.pack(batch) is batch  # tensors but nothing for the block: torch's queue
         packed = ring.pack([{**others, "plain": torch.ones(3)}])
         assert type(packed) is Packed and len(packed.spans) == 1  # only the plain tensor
         assert all(packed.item[0][k] is v for k, v in others.items())
@@ -283,6 +285,25 @@ def test_tensor_attributes_keep_it_with_torch():
     ring = Ring(slots=2, owner="test")
     batch = [t]
     assert ring.pack(batch) is batch
+
+
+def test_a_batch_of_small_values_is_pickled_into_a_block_unless_it_holds_tensors():
+    attached = Attachments()
+    ring = Ring(slots=2, owner=attached.owner)
+    try:
+        small = [
+            {"__key__": f"k{i}", ".cls": i, ".bin": StreamBytes(os.urandom(100))} for i in range(64)
+        ]
+        packed = ring.pack(small)
+        assert type(packed) is Pickled and packed.nbytes > 64 * 100
+        back = attached.unpack(packed)
+        assert back == small and type(back[0][".bin"]) is StreamBytes
+        nested = [{"deep": {"deeper": [torch.ones(2)]}}]  # a tensor at any depth: torch's queue
+        assert ring.pack(nested) is nested
+        assert Ring(slots=2, owner="test", tensors=False).pack(small) is small  # pin_memory
+    finally:
+        attached.close()
+    assert not leftover_blocks(attached.owner)
 
 
 @pytest.mark.parametrize(

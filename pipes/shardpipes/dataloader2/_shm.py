@@ -45,12 +45,16 @@ Only the containers batches are made of are searched: lists, tuples and dicts, t
 from __future__ import annotations
 
 import contextlib
+import copyreg
+import io
 import logging
 import os
+import pickle
 import secrets
 import struct
 import weakref
 from multiprocessing import resource_tracker, shared_memory
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, cast
 
 import numpy as np
@@ -58,7 +62,7 @@ import torch
 
 from shardpipes.formats.stream import StreamBytes
 
-__all__ = ["MIN_BYTES", "Attachments", "Packed", "Ring"]
+__all__ = ["MIN_BYTES", "Attachments", "Packed", "Pickled", "Ring"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +89,20 @@ class _Ref:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_Ref, (self.i,))
+
+
+class Pickled:
+    """A batch pickled into shared-memory block ``name``: ``nbytes`` after the block's header."""
+
+    __slots__ = ("name", "nbytes", "seq")
+
+    def __init__(self, name: str, seq: int, nbytes: int) -> None:
+        self.name = name
+        self.seq = seq
+        self.nbytes = nbytes
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Pickled, (self.name, self.seq, self.nbytes))
 
 
 class Packed:
@@ -279,6 +297,30 @@ def _give_back(buf: memoryview, seq: int) -> None:
         _SEQ.pack_into(buf, 8, seq)
 
 
+class _HoldsTensors(Exception):
+    """Raised while pickling a batch that holds a tensor or a storage (see _no_tensors_table)."""
+
+
+def _refuse(obj: Any) -> Any:
+    raise _HoldsTensors
+
+
+def _no_tensors_table() -> dict[Any, Any]:
+    """The reducers of torch's queues (``ForkingPickler``), with torch's own refused.
+
+    A batch pickled with it is pickled as torch's queue would pickle it, or raises
+    :class:`_HoldsTensors` on its first tensor or storage, which torch's queue moves into
+    shared memory of its own: such a batch goes through the queue as before.
+    """
+    table = dict(copyreg.dispatch_table)
+    for kind, reduce in ForkingPickler._extra_reducers.items():  # type: ignore[attr-defined]
+        torchs = getattr(reduce, "__module__", "").startswith("torch")
+        table[kind] = _refuse if torchs else reduce
+    for kind in (torch.Tensor, torch.nn.Parameter, torch.UntypedStorage, torch.TypedStorage):
+        table[kind] = _refuse
+    return table
+
+
 class Ring:
     """A worker's blocks (``slots`` of them), written round-robin, one batch per block.
 
@@ -292,6 +334,10 @@ class Ring:
     def __init__(self, slots: int, owner: str, *, tensors: bool = True) -> None:
         self.slots = slots
         self.leaves = _LEAVES if tensors else _LEAVES_NO_TENSORS
+        # Whole batches of small values go through the blocks too, unless torch's pin thread
+        # must see the tensors they may hold (pin_memory: tensors=False).
+        self.whole = tensors
+        self._table = _no_tensors_table()
         self.owner = owner
         self.blocks: list[shared_memory.SharedMemory | None] = [None] * slots
         self.generation = 0
@@ -333,19 +379,17 @@ class Ring:
         return block
 
     def pack(self, item: Any) -> Any:
-        """``item``, or a :class:`Packed` copy with its large values in the next block."""
-        if self.broken or not _large(item, 2, self.leaves):
+        """``item``, or a copy of it in the next free block (:class:`Packed` or :class:`Pickled`)."""
+        if self.broken:
             return item
+        if not _large(item, 2, self.leaves):
+            # A batch of small samples: pickled here, into a block, rather than by torch's
+            # queue into its pipe (about 140 KB for 64 samples of 2 KB: the main process read
+            # it 64 KB at a time, taking turns with the worker's feeder thread).
+            return self._pickled(item) if self.whole and isinstance(item, list) else item
         found: list[Any] = []
         skeleton = _swap(item, 2, found, {}, self.leaves)
-        size = _HEADER_SIZE + sum(_aligned(_nbytes(x)) for x in found)
-        # The next slot, or the first free one after it: the main process lends the tensors
-        # and arrays of a batch straight from its block and frees it when they are gone.
-        block = None
-        for step in range(self.slots):
-            block = self._block((self.seq + 1 + step) % self.slots, size)
-            if block is not None:
-                break
+        block = self._free_block(_HEADER_SIZE + sum(_aligned(_nbytes(x)) for x in found))
         if block is None:
             return item
         buf = cast(memoryview, block.buf)  # None only after close()
@@ -356,6 +400,33 @@ class Ring:
             spans.append(_write(buf, at, x))
             at += _aligned(_nbytes(x))
         return Packed(skeleton, block.name, self.seq, spans)
+
+    def _pickled(self, item: list[Any]) -> Any:
+        out = io.BytesIO()
+        pickler = pickle.Pickler(out)
+        pickler.dispatch_table = self._table
+        try:
+            pickler.dump(item)
+        except _HoldsTensors:
+            return item  # torch's queue shares its tensors as it always did
+        data = out.getbuffer()
+        block = self._free_block(_HEADER_SIZE + len(data))
+        if block is None:
+            return item
+        buf = cast(memoryview, block.buf)  # None only after close()
+        self.seq += 1
+        _SEQ.pack_into(buf, 0, self.seq)
+        buf[_HEADER_SIZE : _HEADER_SIZE + len(data)] = data
+        return Pickled(block.name, self.seq, len(data))
+
+    def _free_block(self, size: int) -> shared_memory.SharedMemory | None:
+        # The next slot, or the first free one after it: the main process lends the tensors
+        # and arrays of a batch straight from its block and frees it when they are gone.
+        for step in range(self.slots):
+            block = self._block((self.seq + 1 + step) % self.slots, size)
+            if block is not None:
+                return block
+        return None
 
 
 def _keep_heap(nbytes: int) -> None:
@@ -402,12 +473,22 @@ class Attachments:
 
     def unpack(self, item: Any) -> Any:
         """The batch :meth:`Ring.pack` was given."""
-        if type(item) is not Packed:
+        kind = type(item)
+        if kind is not Packed and kind is not Pickled:
             return item
         block = self.blocks.get(item.name)
         if block is None:
             block = self._attach(item.name)
         buf = cast(memoryview, block.buf)  # None only after close()
+        if kind is Pickled:
+            if _SEQ.unpack_from(buf, 0)[0] != item.seq:
+                raise RuntimeError(
+                    f"shared-memory block {item.name} was overwritten before batch {item.seq} "
+                    "was read from it; please report this"
+                )
+            out = pickle.loads(buf[_HEADER_SIZE : _HEADER_SIZE + item.nbytes])
+            _SEQ.pack_into(buf, 8, item.seq)  # the block is free for the worker again
+            return out
         if _SEQ.unpack_from(buf, 0)[0] != item.seq:
             raise RuntimeError(
                 f"shared-memory block {item.name} was overwritten before batch {item.seq} was "
