@@ -145,3 +145,33 @@ def test_find_dps_counts_torchs_class_and_ours_as_one():
     g = traverse_dps(graph)
     assert len(find_dps(g, TorchShuffler)) == 1 == len(find_dps(g, ShufflerIterDataPipe))
     assert len(find_dps(g, TorchMapper)) == 1
+
+
+def _fails_on_three(x: int) -> int:
+    if x == 3:
+        raise ValueError("bad item 3")
+    return x
+
+
+def _odd_but_not_three(x: int) -> bool:
+    return _fails_on_three(x) % 2 == 1
+
+
+@pytest.mark.parametrize("make", ["map", "filter", "shuffle"])
+def test_an_error_inside_carries_torchs_note(make):
+    def build(src, kind):
+        if make == "map":
+            return kind[1](src, _fails_on_three)
+        if make == "filter":
+            return kind[2](src, _odd_but_not_three)
+        return kind[0](kind[1](src, _fails_on_three), buffer_size=4)
+
+    ours = (ShufflerIterDataPipe, MapperIterDataPipe, FilterIterDataPipe)
+    theirs = (TorchShuffler, TorchMapper, TorchFilter)
+    messages = []
+    for kind in (ours, theirs):
+        with pytest.raises(ValueError) as info:
+            list(build(IterableWrapper(range(10)), kind))
+        messages.append(str(info.value))
+    assert messages[0] == messages[1]
+    assert "bad item 3" in messages[0] and "This exception is thrown by __iter__ of" in messages[0]

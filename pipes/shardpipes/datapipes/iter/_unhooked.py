@@ -18,7 +18,8 @@ same order for the same seed (the same buffer algorithm and the same draws from 
 observable contract at the cost of two attribute operations per element: ``reset()`` when the
 iterator starts, the count of samples yielded (``_number_of_samples_yielded``, which torch's
 snapshot restoration reads), the error when a second iterator of the same stage has replaced
-this one, and a fast-forward iterator set by snapshot restoration. What they drop is the
+this one, a fast-forward iterator set by snapshot restoration, and the note torch adds to an
+error raised inside the stage ("This exception is thrown by __iter__ of ..."). What they drop is the
 ``torch.profiler`` record of each element: under a running profiler they step aside to
 torch's own hooked ``__iter__``, so profiles still show the stage.
 """
@@ -31,6 +32,7 @@ from typing import Any, TypeVar
 import torch
 from torch.utils.data.datapipes._hook_iterator import (
     _check_iterator_valid,
+    _generate_input_args_string,
     _set_datapipe_valid_iterator_id,
     _SnapshotState,
 )
@@ -42,6 +44,18 @@ from shardpipes.datapipes.iter.base import widen
 __all__ = ["FilterIterDataPipe", "MapperIterDataPipe", "ShufflerIterDataPipe", "torch_kind"]
 
 T = TypeVar("T")
+
+
+def _annotate(exc: Exception, dp: Any) -> None:
+    """Add torch's note to an error raised while iterating ``dp``, in the hook's own words."""
+    msg = "thrown by __iter__ of"
+    full = f"{msg} {type(dp).__name__}({_generate_input_args_string(dp)})"  # type: ignore[no-untyped-call]
+    if not exc.args or not isinstance(exc.args[0], str):
+        exc.args = (f"\nThis exception is {full}",)
+    elif (
+        msg not in exc.args[0] and "single iterator per IterDataPipe constraint" not in exc.args[0]
+    ):
+        exc.args = (exc.args[0] + f"\nThis exception is {full}", *exc.args[1:])
 
 
 def _start(dp: Any) -> tuple[Iterator[Any] | None, int]:
@@ -63,34 +77,38 @@ class ShufflerIterDataPipe(Shuffler[T]):
             yield from ff
             return
         # reset() above seeded the generator and emptied the buffer, as torch's hook does.
-        if not self._enabled:
-            for x in self.datapipe:
-                self._number_of_samples_yielded += 1
-                yield x
-                if self._valid_iterator_id != me:
-                    _check_iterator_valid(self, me)
-            return
         buf: list[Any] = self._buffer
         size = self.buffer_size
         # randint(0, n - 1) is randrange(0, n), which is _randbelow(n): the same draws.
         below = self._rng._randbelow  # type: ignore[attr-defined]
-        for x in self.datapipe:
-            if len(buf) == size:
-                idx = below(size)
-                val = buf[idx]
-                buf[idx] = x
+        try:
+            if not self._enabled:
+                for x in self.datapipe:
+                    self._number_of_samples_yielded += 1
+                    yield x
+                    if self._valid_iterator_id != me:
+                        _check_iterator_valid(self, me)
+                return
+            for x in self.datapipe:
+                if len(buf) == size:
+                    idx = below(size)
+                    val = buf[idx]
+                    buf[idx] = x
+                    self._number_of_samples_yielded += 1
+                    yield val
+                    if self._valid_iterator_id != me:
+                        _check_iterator_valid(self, me)
+                else:
+                    buf.append(x)
+            while buf:
+                val = buf.pop(below(len(buf)))
                 self._number_of_samples_yielded += 1
                 yield val
                 if self._valid_iterator_id != me:
                     _check_iterator_valid(self, me)
-            else:
-                buf.append(x)
-        while buf:
-            val = buf.pop(below(len(buf)))
-            self._number_of_samples_yielded += 1
-            yield val
-            if self._valid_iterator_id != me:
-                _check_iterator_valid(self, me)
+        except Exception as exc:
+            _annotate(exc, self)
+            raise
 
 
 class MapperIterDataPipe(Mapper[Any]):
@@ -104,11 +122,15 @@ class MapperIterDataPipe(Mapper[Any]):
         fn: Callable[[Any], Any] = (
             self.fn if self.input_col is None and self.output_col is None else self._apply_fn
         )
-        for x in self.datapipe:
-            self._number_of_samples_yielded += 1
-            yield fn(x)
-            if self._valid_iterator_id != me:
-                _check_iterator_valid(self, me)
+        try:
+            for x in self.datapipe:
+                self._number_of_samples_yielded += 1
+                yield fn(x)
+                if self._valid_iterator_id != me:
+                    _check_iterator_valid(self, me)
+        except Exception as exc:
+            _annotate(exc, self)
+            raise
 
 
 class FilterIterDataPipe(Filter[T]):
@@ -120,15 +142,19 @@ class FilterIterDataPipe(Filter[T]):
             yield from ff
             return
         keep = self._returnIfTrue
-        for x in self.datapipe:
-            condition, filtered = keep(x)
-            if condition:
-                self._number_of_samples_yielded += 1
-                yield filtered
-                if self._valid_iterator_id != me:
-                    _check_iterator_valid(self, me)
-            else:
-                StreamWrapper.close_streams(x)
+        try:
+            for x in self.datapipe:
+                condition, filtered = keep(x)
+                if condition:
+                    self._number_of_samples_yielded += 1
+                    yield filtered
+                    if self._valid_iterator_id != me:
+                        _check_iterator_valid(self, me)
+                else:
+                    StreamWrapper.close_streams(x)
+        except Exception as exc:
+            _annotate(exc, self)
+            raise
 
 
 _TORCH_KIND: dict[type, type] = {}
