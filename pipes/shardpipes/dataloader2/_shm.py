@@ -291,6 +291,15 @@ def _lent(lease: np.ndarray, span: tuple[Any, ...]) -> Any:
     return np.frombuffer(lease, dtype=dtype, count=n // dtype.itemsize, offset=at).reshape(shape)
 
 
+def _check_written(buf: memoryview, item: Packed | Pickled) -> None:
+    """Raise if the worker wrote ``item``'s block again while it was being read (never should)."""
+    if _SEQ.unpack_from(buf, 0)[0] != item.seq:
+        raise RuntimeError(
+            f"shared-memory block {item.name} was overwritten before batch {item.seq} was "
+            "read from it; please report this"
+        )
+
+
 def _give_back(buf: memoryview, seq: int) -> None:
     """Mark a block free for its worker (the last tensor or array lent from it is gone)."""
     with contextlib.suppress(ValueError, TypeError):  # the loader has closed the block
@@ -481,19 +490,10 @@ class Attachments:
             block = self._attach(item.name)
         buf = cast(memoryview, block.buf)  # None only after close()
         if kind is Pickled:
-            if _SEQ.unpack_from(buf, 0)[0] != item.seq:
-                raise RuntimeError(
-                    f"shared-memory block {item.name} was overwritten before batch {item.seq} "
-                    "was read from it; please report this"
-                )
             out = pickle.loads(buf[_HEADER_SIZE : _HEADER_SIZE + item.nbytes])
+            _check_written(buf, item)
             _SEQ.pack_into(buf, 8, item.seq)  # the block is free for the worker again
             return out
-        if _SEQ.unpack_from(buf, 0)[0] != item.seq:
-            raise RuntimeError(
-                f"shared-memory block {item.name} was overwritten before batch {item.seq} was "
-                "read from it; please report this"
-            )
         copied = sum(span[2] for span in item.spans if span[0] <= _STREAM)
         if copied > self.heap_kept:
             _keep_heap(copied)
@@ -507,6 +507,7 @@ class Attachments:
             if lease is None:  # tensors and arrays are lent from the block
                 lease = np.frombuffer(buf, dtype=np.uint8)
             values.append(_lent(lease, span))
+        _check_written(buf, item)
         if lease is None:
             _SEQ.pack_into(buf, 8, item.seq)  # the block is free for the worker again
         else:
