@@ -81,8 +81,10 @@ def _scan_all(scan, buf: bytes, stop_step: int, base: int):
     return out
 
 
-def _bulk(buf, pos, stop, base, url, carry):
-    return tarblocks.scan(buf, pos, stop, base, url, carry, min_blocks=0, min_headers=0)
+def _bulk(buf, pos, stop, base, url, carry, sparse_blocks=tarblocks._SPARSE_BLOCKS):
+    return tarblocks.scan(
+        buf, pos, stop, base, url, carry, min_blocks=0, min_headers=0, sparse_blocks=sparse_blocks
+    )
 
 
 @settings(max_examples=budget(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -91,14 +93,19 @@ def _bulk(buf, pos, stop, base, url, carry):
     FORMATS,
     st.sampled_from([512, 1024, 4096, 1 << 20]),
     st.integers(0, 3),
+    # 0: every window walked header to header; 16: the default (walked when its members are
+    # large); 2**30: found by testing every block (but a window of fewer than 8 headers).
+    st.sampled_from([0, tarblocks._SPARSE_BLOCKS, 1 << 30]),
     st.data(),
 )
-def test_bulk_scanner_matches_the_general_one(members, fmt, stop_step, base_blocks, data):
+def test_bulk_scanner_matches_the_general_one(members, fmt, stop_step, base_blocks, sparse, data):
     named = [(key + ext, payload) for (key, ext), payload in members]
     raw = _mutate(bytearray(_build(named, fmt)), data)
     base = base_blocks * 512
     general = _outcome(lambda: _scan_all(tarheaders.scan, raw, stop_step, base))
-    bulk = _outcome(lambda: _scan_all(_bulk, raw, stop_step, base))
+    bulk = _outcome(
+        lambda: _scan_all(lambda *a: _bulk(*a, sparse_blocks=sparse), raw, stop_step, base)
+    )
     assert bulk == general
 
 

@@ -17,6 +17,9 @@ with no copy, and the block goes back to its worker when the last of them is fre
 training loop sees exactly the items of an in-process run. Copying a batch of 64 224x224 float
 images (38.5 MB) out cost the main process about 270 us an image, in a new allocation too
 large for the heap to keep, faulted in for each batch; lending costs about 10 us.
+A member of a local shard that no stage of the worker has read (``formats/placed.py``:
+:class:`~shardpipes.formats.placed.PlacedBytes`) puts no bytes in the block: its span names
+the file, offset and size, and the main process reads it from there, once.
 
 Which tensors: of type ``torch.Tensor`` exactly, on the CPU, dense and contiguous, owning
 their whole storage (not a view into a larger one, so no two values of a batch share memory
@@ -60,6 +63,8 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from shardpipes.formats import placed
+from shardpipes.formats.placed import PlacedBytes
 from shardpipes.formats.stream import StreamBytes
 
 __all__ = ["MIN_BYTES", "Attachments", "Packed", "Pickled", "Ring"]
@@ -68,15 +73,16 @@ logger = logging.getLogger(__name__)
 
 #: Smallest ``bytes`` value or array sent through shared memory (smaller ones are cheaper to
 #: pickle). Tensors of any size go through it: torch's queues share each one on its own.
-MIN_BYTES = 32 << 10
+MIN_BYTES = placed.MIN_BYTES
 _MIN_BLOCK = 8 << 20
 _SEQ = struct.Struct("<q")  # at 0: the batch last written; at 8: the batch last copied out
 _ALIGN = 64  # each value starts at a multiple of this in its block
 _HEADER_SIZE = _ALIGN  # the two numbers, then the values
 PREFIX = "spipe_"  # short: macOS allows 31 characters in a shared-memory name
 
-# What a span holds (the first number of a span).
-_BYTES, _STREAM, _TENSOR, _ARRAY = 0, 1, 2, 3
+# What a span holds (the first number of a span). _PLACE: nothing in the block; a member the
+# worker never read, read by the main process from its file (formats/placed.py).
+_BYTES, _STREAM, _TENSOR, _ARRAY, _PLACE = 0, 1, 2, 3, 4
 
 
 class _Ref:
@@ -148,6 +154,10 @@ def _kind(x: Any) -> int:
         return _BYTES if len(x) >= MIN_BYTES else -1
     if kind is StreamBytes:
         return _STREAM if len(x) >= MIN_BYTES else -1
+    if kind is PlacedBytes:
+        if placed.unread(x):
+            return _PLACE
+        return _STREAM if len(x) >= MIN_BYTES else -1
     if kind is torch.Tensor:
         return _TENSOR if _plain_tensor(x) else -1
     if kind is np.ndarray:
@@ -158,8 +168,8 @@ def _kind(x: Any) -> int:
 
 # The types a block may carry (which of their values it does carry: _kind); without tensors
 # when the loader pins memory (torch's pin thread pins the tensors it receives, not ours).
-_LEAVES = frozenset({bytes, StreamBytes, torch.Tensor, np.ndarray})
-_LEAVES_NO_TENSORS = frozenset({bytes, StreamBytes, np.ndarray})
+_LEAVES = frozenset({bytes, StreamBytes, PlacedBytes, torch.Tensor, np.ndarray})
+_LEAVES_NO_TENSORS = frozenset({bytes, StreamBytes, PlacedBytes, np.ndarray})
 
 
 def _large(x: Any, depth: int, leaves: frozenset[type] = _LEAVES) -> bool:
@@ -227,7 +237,13 @@ def _restore(x: Any, depth: int, values: list[Any]) -> Any:
 
 
 def _nbytes(x: Any) -> int:
-    return int(x.nbytes) if type(x) is torch.Tensor or type(x) is np.ndarray else len(x)
+    """What ``x`` takes in a block."""
+    kind = type(x)
+    if kind is torch.Tensor or kind is np.ndarray:
+        return int(x.nbytes)
+    if kind is PlacedBytes and placed.unread(x):
+        return 0
+    return len(x)
 
 
 def _aligned(n: int) -> int:
@@ -248,6 +264,8 @@ def _write(buf: memoryview, at: int, x: Any) -> tuple[Any, ...]:
         if n:
             np.copyto(np.frombuffer(buf, np.uint8, n, at), x.reshape(-1).view(np.uint8))
         return (kind, at, n, x.dtype, x.shape)
+    if kind == _PLACE:
+        return (kind, x.offset, x.size, x.place, None)
     buf[at : at + n] = x if kind == _BYTES else x.getvalue()
     return (kind, at, n, None, None)
 
@@ -259,6 +277,8 @@ def _read(buf: memoryview, span: tuple[Any, ...]) -> Any:
         return bytes(buf[at : at + n])
     if kind == _STREAM:
         return StreamBytes(buf[at : at + n])
+    if kind == _PLACE:  # at: the offset in the file ``dtype`` names
+        return StreamBytes(placed.read_at(dtype, at, n))
     if kind == _TENSOR:
         out = torch.empty(shape, dtype=dtype)
         if n:
@@ -352,6 +372,9 @@ class Ring:
         self.generation = 0
         self.seq = 0
         self.broken = False
+        # The files of the members a block's batch sent by their place, held open until the
+        # main process gives the block back (it has read them then): formats/placed.py.
+        self.held: dict[str, list[Any]] = {}
 
     def _block(self, slot: int, size: int) -> shared_memory.SharedMemory | None:
         """The block of ``slot`` if it is free and holds ``size`` bytes (a new one if need be)."""
@@ -365,6 +388,7 @@ class Ring:
             # Too small, and free: a larger one in its place. The main process unmaps the old
             # one when a batch names the new one; the name is removed here.
             self.blocks[slot] = None
+            self.held.pop(block.name, None)
             block.close()
             with contextlib.suppress(FileNotFoundError):
                 # Not block.unlink(): that also tells this worker's resource tracker, which
@@ -408,6 +432,9 @@ class Ring:
         for x in found:
             spans.append(_write(buf, at, x))
             at += _aligned(_nbytes(x))
+        self.held[block.name] = [
+            x.held for s, x in zip(spans, found, strict=True) if s[0] == _PLACE
+        ]
         return Packed(skeleton, block.name, self.seq, spans)
 
     def _pickled(self, item: list[Any]) -> Any:
@@ -494,14 +521,14 @@ class Attachments:
             _check_written(buf, item)
             _SEQ.pack_into(buf, 8, item.seq)  # the block is free for the worker again
             return out
-        copied = sum(span[2] for span in item.spans if span[0] <= _STREAM)
+        copied = sum(span[2] for span in item.spans if span[0] <= _STREAM or span[0] == _PLACE)
         if copied > self.heap_kept:
             _keep_heap(copied)
             self.heap_kept = copied
         lease: np.ndarray | None = None
         values = []
         for span in item.spans:
-            if span[0] <= _STREAM:  # bytes are copied into new objects
+            if span[0] <= _STREAM or span[0] == _PLACE:  # bytes: new objects
                 values.append(_read(buf, span))
                 continue
             if lease is None:  # tensors and arrays are lent from the block
@@ -526,6 +553,7 @@ class Attachments:
                 resource_tracker.unregister(block._name, "shared_memory")  # type: ignore[attr-defined]
         self.blocks.clear()
         self._slots.clear()
+        placed.close_files()  # the shards this process read members from (another loader's reopen)
         # Blocks a worker made but never sent (it died first): remove them by name.
         shm = "/dev/shm"
         if os.path.isdir(shm):

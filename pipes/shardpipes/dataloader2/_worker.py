@@ -35,6 +35,7 @@ from shardpipes.dataloader2.graph import apply_epoch_plan
 from shardpipes.dataloader2.random.seed_generator import SeedGenerator
 from shardpipes.dataloader2.utils.dispatch import shard_for_worker
 from shardpipes.dataloader2.utils.worker import WorkerInfo, seed_global_rngs
+from shardpipes.formats import placed
 from shardpipes.plan.epoch import EpochPlan
 from shardpipes.plan.resume import Segment
 
@@ -162,6 +163,9 @@ class WorkerDataset(IterableDataset[Any]):
             return items
         if self._ring is None:
             self._ring = Ring(self.shm_slots, self._owner, tensors=self.shm_tensors)
+            # Large members no stage here reads are sent by where they lie in their shard,
+            # and read once, by the main process (formats/placed.py).
+            placed.enable()
         return map(self._ring.pack, items)
 
     def _epoch_end(self, worker: int) -> Iterator[EpochEnd]:

@@ -44,6 +44,12 @@ _OCT6 = 8 ** np.arange(5, -1, -1, dtype=np.int64)
 # fast (numpy costs per call; a window of a few large members has only a few headers).
 _MIN_BLOCKS = 64
 _MIN_HEADERS = 32
+# Members larger than this many blocks on average over a window's first _PROBE headers (8 KB):
+# the chain is walked header to header rather than found by testing every block, which reads
+# a word of every block of the members' data (a page fault per page of a mapped file, and
+# data nothing else may read: formats/placed.py).
+_SPARSE_BLOCKS = 16
+_PROBE = 8
 
 
 def scan(
@@ -56,12 +62,14 @@ def scan(
     *,
     min_blocks: int = _MIN_BLOCKS,
     min_headers: int = _MIN_HEADERS,
+    sparse_blocks: int = _SPARSE_BLOCKS,
 ) -> tuple[list[tuple[str, int, int, int]], int, bool, int]:
     """:func:`shardpipes.formats.tarheaders.scan`, parsing runs of plain headers in bulk.
 
     ``min_blocks``, ``min_headers``: windows of fewer blocks, or with fewer blocks that carry
     the ustar magic, go to the general scanner (tests lower both to compare the two on small
-    archives).
+    archives). ``sparse_blocks``: a window whose first headers are further apart than this
+    many blocks on average is walked header to header (tests set 0 to walk every window).
     """
     if carry[0] is not None or carry[1] is not NO_PAX or carry[2] is not None or pos % BLOCK:
         return tarheaders.scan(buf, pos, stop, base, url, carry)
@@ -74,7 +82,11 @@ def scan(
     # read as bytes.
     blocks = np.frombuffer(buf, dtype=np.uint64, count=total * BLOCK // 8).reshape(total, 64)
     try:
-        found = _chain(blocks, first, last, len(buf), base, min_headers)
+        walked = _walk(buf, first, last, sparse_blocks)
+        if walked is None:
+            found = _chain(blocks, first, last, len(buf), base, min_headers)
+        else:
+            found = _walked(blocks, base, *walked)
     finally:
         del blocks  # a view of buf: an mmap cannot be closed while one exists
     if found is None:
@@ -142,7 +154,79 @@ def _chain(
         on = slice(None) if len(chain) == len(cand) else np.searchsorted(cand, chain)
     at = (first + b) * BLOCK
     rest = b < count  # stopped on a block that is not a plain header (or the end marker)
-    heads = rows64[on].view(np.uint8)
+    entries = _entries(rows64[on].view(np.uint8), cand[on] + first, sizes[on].tolist(), base)
+    return None if entries is None else (entries, at, rest)
+
+
+def _walk(buf: Buffer, first: int, last: int, sparse_blocks: int) -> tuple[Any, ...] | None:
+    """The chain of ustar headers from block ``first``, one header at a time, while sparse.
+
+    ``(first, header blocks, their sizes, the block after the chain, whether it stops short
+    of last)``; ``None`` when the first :data:`_PROBE` headers are closer together than
+    ``sparse_blocks`` blocks on average (then testing every block is cheaper). A size that is
+    not octal digits ends the walk; every header walked is checked again, in bulk, by
+    :func:`_walked`.
+    """
+    heads: list[int] = []
+    sizes: list[int] = []
+    b = first
+    end = len(buf)
+    while b < last:
+        o = b * BLOCK
+        if buf[o + 257 : o + 262] != b"ustar":
+            break
+        try:
+            size = int(buf[o + 124 : o + 135], 8)
+        except ValueError:
+            break
+        if size < 0 or o + BLOCK + size > end:  # a member cut by the buffer's end
+            break
+        heads.append(b)
+        sizes.append(size)
+        b += 1 + (size + BLOCK - 1) // BLOCK
+        if len(heads) == _PROBE and b - first < _PROBE * sparse_blocks:
+            return None
+    return first, heads, sizes, b, b < last
+
+
+def _walked(
+    blocks: np.ndarray,
+    base: int,
+    first: int,
+    heads: list[int],
+    sizes: list[int],
+    b: int,
+    short: bool,
+) -> tuple[list[tuple[str, int, int, int]], int, bool] | None:
+    """:func:`_chain`'s result for a chain :func:`_walk` found: its plain headers, verified."""
+    if not heads:
+        return [], first * BLOCK, short
+    rows = blocks[heads].view(np.uint8)
+    digits = rows[:, 124:135] - np.uint8(48)
+    term = rows[:, 135]
+    flag = rows[:, 156]
+    plain = (
+        ((term == 0) | (term == 32))
+        & ((flag == 48) | (flag == 0) | (flag == 55))
+        & (rows[:, 345] == 0)
+        & ~(digits > 7).any(axis=1)
+    )
+    if not plain.all():  # up to the first header that is not plain; the general scanner after
+        cut = int(np.argmin(plain))
+        if not cut:
+            return [], heads[0] * BLOCK, True
+        rows, heads, sizes, b, short = rows[:cut], heads[:cut], sizes[:cut], heads[cut], True
+    entries = _entries(rows, np.asarray(heads), sizes, base)
+    return None if entries is None else (entries, b * BLOCK, short)
+
+
+def _entries(
+    heads: np.ndarray, where: np.ndarray, lengths: list[int], base: int
+) -> list[tuple[str, int, int, int]] | None:
+    """The entries of plain headers ``heads`` (rows of bytes) at blocks ``where`` of buf.
+
+    ``None`` when a checksum does not match (the general scanner then reports it).
+    """
     if not _sums_match(heads):
         return None
     names = heads[:, :100]
@@ -157,11 +241,9 @@ def _chain(
         raw = np.ascontiguousarray(names).view("S100").ravel().tolist()
         joined = b"\0".join(raw)
     text = joined.decode("utf-8", "surrogateescape").split("\0")
-    where = cand[on] + first
     starts = (where * BLOCK + base).tolist()
     data = ((where + 1) * BLOCK).tolist()
-    lengths = sizes[on].tolist()
-    return list(zip(text, starts, data, lengths, strict=True)), at, rest
+    return list(zip(text, starts, data, lengths, strict=True))
 
 
 def _sums_match(rows: np.ndarray) -> bool:

@@ -27,12 +27,13 @@ import stat
 import tarfile
 import zlib
 from bisect import bisect_right
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import accumulate, repeat
 from operator import itemgetter
 from typing import IO, Any, NamedTuple
 
 from shardpipes.errors import ShardFormatError
+from shardpipes.formats import placed
 from shardpipes.formats.compression import MAGIC_LENGTH, by_magic, decompress_stream
 from shardpipes.formats.stream import StreamBytes, binary_stream, raw_bytes
 from shardpipes.formats.tarblocks import scan
@@ -166,7 +167,9 @@ def iter_tar_parts(
     map_local = getattr(stream, "map_local", None)  # a byte range of a local file (storage/)
     found = map_local() if map_local is not None else None
     if found is not None:  # (the map, where the range starts in it, its offset in the shard)
-        ranged, lead, _ = found
+        ranged, lead, offset, (path, info) = found
+        if placed.enabled():
+            _register_range(ranged, path, url, info, offset - lead)
         try:  # offsets counted from start_offset at the range's start, as the stream path does
             yield from _iter_mapped(ranged, url, chunk_size, lead, start_offset - lead, require_end)
         finally:
@@ -175,7 +178,7 @@ def iter_tar_parts(
             except BufferError:  # a numpy view still held by a traceback: the GC unmaps it
                 pass
         return
-    mapped = _map(stream) if require_end and start_offset == 0 else None
+    mapped = _map(stream, url) if require_end and start_offset == 0 else None
     if mapped is not None and by_magic(mapped[:MAGIC_LENGTH]) is not None:
         mapped.close()  # a compressed file: decompress it as a stream (the file is still at 0)
         mapped = None
@@ -275,7 +278,7 @@ def _maybe_decompressed(stream: IO[bytes], url: str) -> IO[bytes]:
     return _Checked(reader, url, kind)  # type: ignore[return-value]
 
 
-def _map(stream: IO[bytes]) -> mmap.mmap | None:
+def _map(stream: IO[bytes], url: str) -> mmap.mmap | None:
     """Map ``stream`` read-only when it is a whole, plain, non-empty regular file; else ``None``.
 
     Only the exact built-in file types qualify: a compressing wrapper (gzip, fsspec's
@@ -297,9 +300,29 @@ def _map(stream: IO[bytes]) -> mmap.mmap | None:
         mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError):
         return None
+    if placed.enabled() and isinstance(raw.name, str):
+        placed.register(mapped, raw.name, url, fd)
     if hasattr(mapped, "madvise"):
         mapped.madvise(mmap.MADV_SEQUENTIAL)  # read ahead as read() would on a cold cache
     return mapped
+
+
+def _register_range(
+    ranged: mmap.mmap, path: str, url: str, info: os.stat_result, origin: int
+) -> None:
+    """Name the file under a map of a byte range (formats/placed.py), if it is still the one."""
+    try:
+        with open(path, "rb") as f:
+            now = os.fstat(f.fileno())
+            if (now.st_dev, now.st_ino, now.st_size, now.st_mtime_ns) == (
+                info.st_dev,
+                info.st_ino,
+                info.st_size,
+                info.st_mtime_ns,
+            ):
+                placed.register(ranged, path, url, f.fileno(), origin)
+    except OSError:
+        pass  # not named: its members are copied, as without places
 
 
 def _iter_mapped(
@@ -418,8 +441,12 @@ def entries_of(part: list[Span], source: memoryview, base: int) -> list[TarEntry
     if not part:
         return []
     names, starts, at, sizes = zip(*part, strict=True)
-    # Every step a C-level map: no Python frame per member.
-    data = map(StreamBytes, map(slicer(source), map(slice, at, map(operator.add, at, sizes))))
+    where = placed.place_of(source)
+    data: Iterable[StreamBytes]
+    if where is not None:  # large members by their place (formats/placed.py)
+        data = placed.values(where, slicer(source), at, sizes)
+    else:  # every step a C-level map: no Python frame per member
+        data = map(StreamBytes, map(slicer(source), map(slice, at, map(operator.add, at, sizes))))
     offsets = map(operator.add, at, repeat(base)) if base else at
     return list(
         map(tuple.__new__, repeat(TarEntry), zip(names, data, starts, offsets, strict=True))

@@ -205,8 +205,8 @@ class RangeFile(io.RawIOBase):
         self._pos += got
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    def map_local(self) -> tuple[mmap.mmap, int, int] | None:
-        """Map the range when it is of a local file and nothing was read: ``(map, lead, offset)``.
+    def map_local(self) -> tuple[mmap.mmap, int, int, tuple[str, os.stat_result]] | None:
+        """Map the range of a local file, nothing read yet: ``(map, lead, offset, (path, stat))``.
 
         The tar reader then copies members once, straight out of the page cache, instead of
         reading the range in chunks (``formats/tarparse.py``); ``map[lead:]`` is the range, whose
@@ -232,7 +232,7 @@ class RangeFile(io.RawIOBase):
         if self._raw.try_release():  # its handle is not needed while the map is read
             pool.leave(self._raw)
         pool.take_place(self._map)
-        return found[0], found[1], self.offset
+        return found[0], found[1], self.offset, (self._raw.name, found[2])
 
     def readall(self) -> bytes:
         """Read the rest of the range."""
@@ -277,11 +277,11 @@ class _MapPlace:
         return False  # the reader holds views of the map; the place is given up at close
 
 
-def _map_range(path: str, offset: int, size: int) -> tuple[mmap.mmap, int] | None:
+def _map_range(path: str, offset: int, size: int) -> tuple[mmap.mmap, int, os.stat_result] | None:
     """Map bytes ``[offset, offset + size)`` of a local file, from the boundary before ``offset``.
 
-    Returns the map and where the range starts in it; ``None`` for an empty range or a file
-    shorter than the range.
+    Returns the map, where the range starts in it and the file's ``os.fstat`` when mapped;
+    ``None`` for an empty range or a file shorter than the range.
     """
     start = offset - offset % mmap.ALLOCATIONGRANULARITY
     if size <= 0:
@@ -298,7 +298,7 @@ def _map_range(path: str, offset: int, size: int) -> tuple[mmap.mmap, int] | Non
         return None
     if hasattr(mapped, "madvise"):
         mapped.madvise(mmap.MADV_SEQUENTIAL)  # read ahead as read() would on a cold cache
-    return mapped, offset - start
+    return mapped, offset - start, info
 
 
 def open_range(

@@ -11,6 +11,7 @@ from typing import IO, Any
 from shardpipes.datapipes.iter.base import StageIterDataPipe, register
 from shardpipes.datapipes.iter.tar import TarArchiveLoaderIterDataPipe
 from shardpipes.errors import SampleFormatError, SkippedInputWarning
+from shardpipes.formats import placed
 from shardpipes.formats.samples import duplicate_field, key_again, no_extension, split_key
 from shardpipes.formats.stream import StreamBytes
 from shardpipes.formats.tarparse import Span, TarEntry, entries_of, slicer
@@ -417,8 +418,12 @@ def _decoded(
     at = [x[2] for x in spans]
     ends = [x[2] + x[3] for x in spans]
     piece = slicer(source)
+    where = placed.place_of(source)  # large members kept by their place (formats/placed.py)
     cols = []
     for r, fn in enumerate(fns):
+        if fn is None and where is not None:
+            cols.append(placed.values(where, piece, at[r::m], [x[3] for x in spans[r::m]]))
+            continue
         data = map(piece, map(slice, at[r::m], ends[r::m]))
         cols.append(list(map(StreamBytes, data) if fn is None else map(fn, map(bytes, data))))
     return cols
