@@ -200,10 +200,10 @@ def test_two_workers_reading_ranges_of_one_shard_send_places_at_the_right_offset
     expected = {s["__key__"]: bytes(s[".bin"]) for b in DataLoader2(dp) for s in b}
     register = placed.register
 
-    def noted(mapped, path, url, fd, origin=0):
+    def noted(mapped, path, url, fd, origin=0, mapped_as=None):
         with open(tmp_path / "origins", "a") as f:  # written by the workers
             f.write(f"{origin}\n")
-        register(mapped, path, url, fd, origin)
+        register(mapped, path, url, fd, origin, mapped_as)
 
     monkeypatch.setattr(placed, "register", noted)
     with DataLoader2(dp, reading_service=MultiProcessingReadingService(num_workers=2)) as dl:

@@ -97,8 +97,12 @@ class Place(NamedTuple):
 
     def same(self, info: os.stat_result) -> bool:
         """Whether ``info`` (an ``os.fstat``) is of this file, unchanged."""
-        now = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
-        return now == (self.dev, self.ino, self.size, self.mtime_ns)
+        return _identity(info) == (self.dev, self.ino, self.size, self.mtime_ns)
+
+
+def _identity(info: os.stat_result) -> tuple[int, int, int, int]:
+    """What tells a file and its version apart: device, inode, size, modification time."""
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
 _on = False
@@ -122,15 +126,27 @@ def enabled() -> bool:
     return _on
 
 
-def register(mapped: mmap.mmap, path: str, url: str, fd: int, origin: int = 0) -> None:
+def register(
+    mapped: mmap.mmap,
+    path: str,
+    url: str,
+    fd: int,
+    origin: int = 0,
+    mapped_as: os.stat_result | None = None,
+) -> None:
     """Remember, when enabled, that ``mapped`` maps ``path`` from its byte ``origin``.
 
     ``fd``: a descriptor of the file mapped (the place is its ``os.fstat``); it is duplicated
-    (:class:`Held`), not kept.
+    (:class:`Held`), not kept. ``mapped_as``: the ``os.fstat`` of the file when it was mapped,
+    when ``fd`` was opened since: nothing is registered unless it is that file, unchanged (the
+    members are then copied, as without places).
     """
-    if _on:
-        held = Held(fd)
-        _places[mapped] = (place_of_file(path, url, held), origin, held)
+    if not _on:
+        return
+    held = Held(fd)
+    place = place_of_file(path, url, held)
+    if mapped_as is None or place.same(mapped_as):
+        _places[mapped] = (place, origin, held)
 
 
 def place_of_file(path: str, url: str, held: Held) -> Place:

@@ -58,6 +58,8 @@ __all__ = [
 
 _DEFAULT_CHUNK = 1 << 20
 _AHEAD = 1  # chunks of a mapped file whose headers are scanned at once
+_SPARSE_AHEAD = 4  # the same, once a group's members averaged _SPARSE_MEMBER bytes or more
+_SPARSE_MEMBER = 16 << 10
 
 
 class TarEntry(NamedTuple):
@@ -313,14 +315,7 @@ def _register_range(
     """Name the file under a map of a byte range (formats/placed.py), if it is still the one."""
     try:
         with open(path, "rb") as f:
-            now = os.fstat(f.fileno())
-            if (now.st_dev, now.st_ino, now.st_size, now.st_mtime_ns) == (
-                info.st_dev,
-                info.st_ino,
-                info.st_size,
-                info.st_mtime_ns,
-            ):
-                placed.register(ranged, path, url, f.fileno(), origin)
+            placed.register(ranged, path, url, f.fileno(), origin, mapped_as=info)
     except OSError:
         pass  # not named: its members are copied, as without places
 
@@ -361,15 +356,22 @@ def _members_of_map(
     # mapped shard costs the process a group's worth of pages, not the shard's size.
     release = getattr(buf, "madvise", None)
     released = 0
+    ahead = _AHEAD * chunk_size
     while True:
         # Headers are verified a group ahead of the members yielded; a group spans one chunk
         # of the file: the bulk scanner's arrays grow with it (4 chunks held 4 MB more at the
         # peak on 2 KB samples), and a chunk of a few large members goes to the general one.
-        entries, pos, end, need = scan(buf, pos, pos + _AHEAD * chunk_size, base, url, carry)
+        entries, at, end, need = scan(buf, pos, pos + ahead, base, url, carry)
         if entries:
             name, _, dpos, size = entries[-1]
             if dpos + size > len(view):  # the file was truncated since it was mapped
                 truncated(url, base + len(view), f"inside member {name!r}")
+            # Large members: a group of 1 MiB has only a few headers, each scan's fixed cost
+            # (numpy's, per call) is paid for a few samples; take 4 chunks at a time then
+            # (the scan holds only the headers, and the members are not read here).
+            sparse = at - pos >= _SPARSE_MEMBER * len(entries)
+            ahead = (_SPARSE_AHEAD if sparse else _AHEAD) * chunk_size
+        pos = at
         for part in _parts(entries, chunk_size):
             yield part, view, base  # the data is then copied straight out of the page cache
         upto = min(pos, len(buf)) & ~(mmap.PAGESIZE - 1)
