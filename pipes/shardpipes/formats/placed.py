@@ -35,7 +35,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from shardpipes.errors import MissingShardError, ShardReadError
@@ -164,14 +164,21 @@ def place_of_file(path: str, url: str, held: Held) -> Place:
     )
 
 
-def place_of(source: memoryview) -> tuple[Place, int, Held] | None:
-    """``(file, offset of source[0] in it, held file)`` for a view of a whole registered map."""
+def place_of(source: memoryview, sizes: Iterable[int]) -> tuple[Place, int, Held] | None:
+    """``(file, offset of source[0] in it, held file)`` for a view of a whole registered map.
+
+    ``None`` also when none of ``sizes`` (the members' about to be made) is large enough to be
+    placed: the caller then makes them as it would without places.
+    """
     if not _places:
         return None
     obj = source.obj
     if type(obj) is not mmap.mmap or source.nbytes != len(obj):
         return None
-    return _places.get(obj)
+    where = _places.get(obj)
+    if where is None or max(sizes, default=0) < MIN_BYTES:
+        return None
+    return where
 
 
 class PlacedBytes(StreamBytes):

@@ -443,7 +443,7 @@ def entries_of(part: list[Span], source: memoryview, base: int) -> list[TarEntry
     if not part:
         return []
     names, starts, at, sizes = zip(*part, strict=True)
-    where = placed.place_of(source)
+    where = placed.place_of(source, sizes)
     data: Iterable[StreamBytes]
     if where is not None:  # large members by their place (formats/placed.py)
         data = placed.values(where, slicer(source), at, sizes)

@@ -418,7 +418,8 @@ def _decoded(
     at = [x[2] for x in spans]
     ends = [x[2] + x[3] for x in spans]
     piece = slicer(source)
-    where = placed.place_of(source)  # large members kept by their place (formats/placed.py)
+    # Large members kept by their place (formats/placed.py), when there are any.
+    where = placed.place_of(source, map(operator.itemgetter(3), spans))
     cols = []
     for r, fn in enumerate(fns):
         if fn is None and where is not None:
