@@ -6,6 +6,7 @@ import gc
 import multiprocessing
 import os
 import pickle
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -235,3 +236,14 @@ def test_a_shard_deleted_mid_epoch_is_still_read_from_the_worker_that_holds_it(t
         placed.close_files()  # nor does the main process hold it open any more
         got.update((s["__key__"], s[".bin"]) for b in it for s in b)
     assert got == expected
+
+
+def test_threads_read_at_once_and_a_file_closes_when_its_last_read_is_done(tmp_path):
+    data = os.urandom(MIN_BYTES)
+    values = [_placed_value(tmp_path / str(i), data)[1] for i in range(placed.MAX_FILES * 2)]
+    placed.close_files()
+    with ThreadPoolExecutor(8) as pool:  # more files than are kept: reads evict each other's
+        assert list(pool.map(bytes, values)) == [data] * len(values)
+    assert len(placed._files) == placed.MAX_FILES
+    assert not any(f.users or f.closing for f in placed._files.values())
+    placed.close_files()

@@ -243,29 +243,56 @@ def unread(value: PlacedBytes) -> bool:
     return value.place is not None
 
 
-_files: OrderedDict[Place, int] = OrderedDict()
+class _File:
+    """A file :func:`read_at` keeps open, and how many reads are using it now."""
+
+    __slots__ = ("closing", "fd", "users")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.users = 0
+        self.closing = False
+
+    def let_go(self) -> None:
+        """Close it now, or when the last read using it is done (under ``_lock``)."""
+        if self.users:
+            self.closing = True
+        else:
+            os.close(self.fd)
+
+
+_files: OrderedDict[Place, _File] = OrderedDict()
 _lock = threading.Lock()
 
 
 def read_at(place: Place, offset: int, size: int) -> bytes:
-    """``size`` bytes at ``offset`` of the file ``place`` names, checked to be the one mapped."""
+    """``size`` bytes at ``offset`` of the file ``place`` names, checked to be the one mapped.
+
+    Threads read at once (the lock covers only the table of open files): a file is closed
+    when the last read using it is done.
+    """
     with _lock:
-        fd = _files.get(place)
-        if fd is None:
-            fd = _open(place, offset)
-            _files[place] = fd
+        f = _files.get(place)
+        if f is None:
+            f = _files[place] = _File(_open(place, offset))
             while len(_files) > MAX_FILES:
-                os.close(_files.popitem(last=False)[1])
+                _files.popitem(last=False)[1].let_go()
         else:
             _files.move_to_end(place)
-        try:
-            data = os.pread(fd, size, offset)
-        except OSError as exc:
-            raise ShardReadError(
-                f"{place.url}: reading {size} bytes at byte offset {offset} failed: {exc}",
-                url=place.url,
-                offset=offset,
-            ) from exc
+        f.users += 1
+    try:
+        data = os.pread(f.fd, size, offset)
+    except OSError as exc:
+        raise ShardReadError(
+            f"{place.url}: reading {size} bytes at byte offset {offset} failed: {exc}",
+            url=place.url,
+            offset=offset,
+        ) from exc
+    finally:
+        with _lock:
+            f.users -= 1
+            if f.closing and not f.users:
+                os.close(f.fd)
     if len(data) != size:
         raise ShardReadError(
             f"{place.url}: the file ends before the {size} bytes at byte offset {offset} "
@@ -315,10 +342,10 @@ def _open_same(path: str, place: Place) -> int | None:
 
 
 def close_files() -> None:
-    """Close the files :func:`read_at` keeps open in this process."""
+    """Close the files :func:`read_at` keeps open in this process (once no read uses them)."""
     with _lock:
         while _files:
-            os.close(_files.popitem()[1])
+            _files.popitem()[1].let_go()
 
 
 def _after_fork_in_child() -> None:
@@ -328,8 +355,8 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()
     _on = False
     _places.clear()
-    while _files:
-        os.close(_files.popitem()[1])
+    while _files:  # (no thread of the parent reads in the child)
+        os.close(_files.popitem()[1].fd)
 
 
 if hasattr(os, "register_at_fork"):
