@@ -11,14 +11,17 @@ those shards, each once.
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch.utils.data import IterDataPipe
 from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import get_all_graph_pipes
 
 from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
+from shardpipes.datapipes.iter.sync import settled
 from shardpipes.index.document import ShardIndex
 
 __all__ = ["share_indexes"]
@@ -47,11 +50,30 @@ def share_indexes(datapipe: IterDataPipe[Any], group: Any, rank: int) -> int:
             payload[0] = [s._index(list(s.source_datapipe)) for s in sharders]
         except Exception as exc:  # every rank raises it, instead of the others hanging
             payload[0] = exc
-    dist.broadcast_object_list(payload, src=0, group=group)
-    found = payload[0]
+    found = _broadcast(payload[0], rank, group)
     if isinstance(found, BaseException):
         raise found
     for sharder, index in zip(sharders, found, strict=True):
         sharder.index = index
         sharder._loaded = index
     return len(sharders)
+
+
+def _broadcast(obj: Any, rank: int, group: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (``broadcast_object_list``, its tensors settled).
+
+    Made here rather than by ``dist.broadcast_object_list`` so that the tensors of the two
+    collectives are freed by this thread, not torch's gloo thread: a loader forks its workers
+    right after this (``settled`` says why that matters).
+    """
+    data = pickle.dumps(obj) if rank == 0 else b""
+    size = torch.tensor([len(data)], dtype=torch.int64)
+    settled(dist.broadcast(size, src=0, group=group, async_op=True), [size], None)
+    n = int(size.item())
+    buf = (
+        torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        if rank == 0
+        else torch.empty(n, dtype=torch.uint8)
+    )
+    settled(dist.broadcast(buf, src=0, group=group, async_op=True), [buf], None)
+    return obj if rank == 0 else pickle.loads(buf.numpy().tobytes())

@@ -18,7 +18,6 @@ protocol, minus its ``__del__``):
 
 from __future__ import annotations
 
-import datetime
 import logging
 import warnings
 from abc import ABC, abstractmethod
@@ -59,6 +58,7 @@ from shardpipes.datapipes.iter.sync import (
     FullSyncIterDataPipe,
     Policy,
     gloo_group,
+    settled,
 )
 from shardpipes.errors import ShardingWarning, WorkerError
 from shardpipes.handlers import SkipStats
@@ -606,8 +606,11 @@ class DistributedReadingService(ReadingServiceInterface):
         plan = as_plan(seed_generator)
         values = [plan.seed & (2**62 - 1), plan.epoch]
         t = torch.tensor([v for x in values for v in (x, -x)], dtype=torch.int64)
-        work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
-        work.wait(datetime.timedelta(seconds=self.timeout))
+        settled(
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group, async_op=True),
+            [t],
+            self.timeout,
+        )
         hi_seed, neg_lo_seed, hi_epoch, neg_lo_epoch = (int(v) for v in t.tolist())
         if hi_seed != -neg_lo_seed or hi_epoch != -neg_lo_epoch:
             raise WorkerError(

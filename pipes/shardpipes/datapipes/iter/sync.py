@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import datetime
 import itertools
+import time
 from collections.abc import Iterator
 from typing import Any, Literal, TypeVar
 
@@ -35,10 +36,42 @@ __all__ = [
     "PrefetchTimeoutError",
     "SyncStats",
     "gloo_group",
+    "settled",
 ]
 
 T = TypeVar("T")
 Policy = Literal["stop", "pad"]
+
+
+# Tensors of collectives torch's gloo thread still held after settled()'s wait (never seen):
+# kept here, and let go far later, rather than freed on that thread.
+_HELD: collections.deque[torch.Tensor] = collections.deque(maxlen=1024)
+
+
+def settled(work: Any, tensors: list[torch.Tensor], timeout: float | None) -> None:
+    """Wait for a collective's ``work``, then until gloo's thread has let go of ``tensors``.
+
+    Pass ``work`` straight from the call (``settled(dist.all_reduce(t, ..., async_op=True),
+    [t], ...)``): no other reference to it may be held. gloo's thread drops its references to
+    a collective's tensors just after the work completes. If Python drops a tensor first, its
+    Python object is kept alive by the C++ tensor and freed later on gloo's thread, which then
+    makes itself a Python thread state (1 tensor in 6 to 8 of a loop of ``all_reduce``, measured);
+    CPython up to 3.11.7 deadlocks a child forked at that instant (gh-112275: the lock is
+    taken without the GIL), and the worker processes of a loader are forked right after its
+    collectives: a rank's worker hung in ``PyOS_AfterFork_Child``. Waiting the few
+    microseconds until each tensor is Python's alone keeps its free on this thread.
+    """
+    if timeout is None:
+        work.wait()  # the process group's own time-out
+    else:
+        work.wait(datetime.timedelta(seconds=timeout))
+    del work  # (the Work holds the tensors too)
+    deadline = time.monotonic() + 1.0
+    while any(t._use_count() > 1 for t in tensors):  # type: ignore[attr-defined]
+        if time.monotonic() > deadline:
+            _HELD.extend(tensors)
+            return
+        time.sleep(0)
 
 
 def gloo_group(timeout: float) -> Any:
@@ -130,6 +163,7 @@ class FullSyncIterDataPipe(StageIterDataPipe[T]):
         self.policy = policy
         self.sync_every = sync_every
         self._group: Any = None
+        self._agree_buf: torch.Tensor | None = None
         self.stats = SyncStats()
 
     def set_process_group(self, group: Any) -> FullSyncIterDataPipe[T]:
@@ -140,6 +174,7 @@ class FullSyncIterDataPipe(StageIterDataPipe[T]):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(super().__getstate__())  # type: ignore[no-untyped-call]
         state["_group"] = None  # process groups do not pickle
+        state["_agree_buf"] = None
         return state
 
     def is_replicable(self) -> bool:
@@ -209,11 +244,17 @@ class FullSyncIterDataPipe(StageIterDataPipe[T]):
 
     def _agree(self, count: int, failed: bool, rank: int, stats: SyncStats) -> tuple[int, int]:
         # One all_reduce(MAX) over [count, -count, failed] gives max, -min and any failure.
-        t = torch.tensor([count, -count, int(failed)], dtype=torch.int64)
+        t = getattr(self, "_agree_buf", None)
+        if t is None:  # one tensor for every collective of the stage (see settled())
+            t = self._agree_buf = torch.zeros(3, dtype=torch.int64)
+        t.copy_(torch.tensor([count, -count, int(failed)], dtype=torch.int64))
         stats.collectives += 1
         try:
-            work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
-            work.wait(datetime.timedelta(seconds=self.timeout))
+            settled(
+                dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group, async_op=True),
+                [t],
+                self.timeout,
+            )
         except Exception as exc:
             raise PrefetchTimeoutError(
                 self.timeout,
