@@ -213,16 +213,17 @@ class Attestor:
 
     # --- collectives -----------------------------------------------------------------------
 
-    def _wait(self, work: Any, tensors: list[torch.Tensor]) -> None:
-        settled(work, tensors, self._timeout)
-
     def _check(self, consumed: int) -> None:
         seed, epoch, _ = self._position
         self._position = (seed, epoch, consumed)
         finger = hash_position(self.run or 0, seed, epoch, consumed, self.data, self._plan_hash)
         mine = torch.tensor([_signed(finger), _signed(self._digest), self._ids], dtype=torch.int64)
         out = [torch.zeros(3, dtype=torch.int64) for _ in range(dist.get_world_size())]
-        self._wait(dist.all_gather(out, mine, group=self._group, async_op=True), [mine, *out])
+        settled(
+            dist.all_gather(out, mine, group=self._group, async_op=True),
+            [mine, *out],
+            self._timeout,
+        )
         fingers = [int(t[0]) for t in out]
         windows = [(int(t[1]), int(t[2])) for t in out]
         self._digest = self._ids = 0
@@ -247,7 +248,7 @@ class Attestor:
         """Sums over the ranks of 64-bit values, modulo 2**64 (as 16-bit limbs: no overflow)."""
         limbs = [(v >> (16 * i)) & 0xFFFF for v in values for i in range(4)]
         t = torch.tensor(limbs, dtype=torch.int64)
-        self._wait(dist.all_reduce(t, group=self._group, async_op=True), [t])
+        settled(dist.all_reduce(t, group=self._group, async_op=True), [t], self._timeout)
         got = [int(x) for x in t.tolist()]
         return [
             sum(got[4 * j + i] << (16 * i) for i in range(4)) & MASK for j in range(len(values))
@@ -313,7 +314,11 @@ class Attestor:
         ]
         mine = torch.tensor([_signed(v) for v in values], dtype=torch.int64)
         out = [torch.zeros(len(values), dtype=torch.int64) for _ in range(dist.get_world_size())]
-        self._wait(dist.all_gather(out, mine, group=self._group, async_op=True), [mine, *out])
+        settled(
+            dist.all_gather(out, mine, group=self._group, async_op=True),
+            [mine, *out],
+            self._timeout,
+        )
         return [dict(zip(_FIELDS, (int(v) for v in t.tolist()), strict=True)) for t in out]
 
     def _judge(self, rows: list[dict[str, int]], *, first: bool) -> None:

@@ -52,7 +52,8 @@ def settled(work: Any, tensors: list[torch.Tensor], timeout: float | None) -> No
     """Wait for a collective's ``work``, then until gloo's thread has let go of ``tensors``.
 
     Pass ``work`` straight from the call (``settled(dist.all_reduce(t, ..., async_op=True),
-    [t], ...)``): no other reference to it may be held. gloo's thread drops its references to
+    [t], ...)``): no other reference to it may be held (not even a caller's argument: the
+    wait would run into its 1 s bound). gloo's thread drops its references to
     a collective's tensors just after the work completes. If Python drops a tensor first, its
     Python object is kept alive by the C++ tensor and freed later on gloo's thread, which then
     makes itself a Python thread state (1 tensor in 6 to 8 of a loop of ``all_reduce``, measured);
