@@ -83,6 +83,7 @@ PREFIX = "spipe_"  # short: macOS allows 31 characters in a shared-memory name
 # What a span holds (the first number of a span). _PLACE: nothing in the block; a member the
 # worker never read, read by the main process from its file (formats/placed.py).
 _BYTES, _STREAM, _TENSOR, _ARRAY, _PLACE = 0, 1, 2, 3, 4
+_NEW_BYTES = frozenset({_BYTES, _STREAM, _PLACE})  # made anew in the main process, not lent
 
 
 class _Ref:
@@ -152,11 +153,9 @@ def _kind(x: Any) -> int:
     kind = type(x)
     if kind is bytes:
         return _BYTES if len(x) >= MIN_BYTES else -1
-    if kind is StreamBytes:
-        return _STREAM if len(x) >= MIN_BYTES else -1
-    if kind is PlacedBytes:
-        if placed.unread(x):
-            return _PLACE
+    if kind is PlacedBytes and placed.unread(x):
+        return _PLACE
+    if kind is StreamBytes or kind is PlacedBytes:  # (one read in the worker: its bytes)
         return _STREAM if len(x) >= MIN_BYTES else -1
     if kind is torch.Tensor:
         return _TENSOR if _plain_tensor(x) else -1
@@ -521,14 +520,14 @@ class Attachments:
             _check_written(buf, item)
             _SEQ.pack_into(buf, 8, item.seq)  # the block is free for the worker again
             return out
-        copied = sum(span[2] for span in item.spans if span[0] <= _STREAM or span[0] == _PLACE)
+        copied = sum(span[2] for span in item.spans if span[0] in _NEW_BYTES)
         if copied > self.heap_kept:
             _keep_heap(copied)
             self.heap_kept = copied
         lease: np.ndarray | None = None
         values = []
         for span in item.spans:
-            if span[0] <= _STREAM or span[0] == _PLACE:  # bytes: new objects
+            if span[0] in _NEW_BYTES:
                 values.append(_read(buf, span))
                 continue
             if lease is None:  # tensors and arrays are lent from the block
