@@ -181,11 +181,12 @@ def test_a_span_of_a_place_carries_no_bytes_in_the_block(tmp_path):
     attached = _shm.Attachments()
     ring = _shm.Ring(slots=2, owner=attached.owner)
     try:
-        packed = ring.pack([{"x": v, "y": 1}])
-        assert type(packed) is _shm.Packed
-        assert packed.spans == [(_shm._PLACE, 7, len(data), v.place, None)]
+        packed = ring.pack([[{"x": v, "y": 1}]])
+        ((kind, _, spans),) = packed.entries
+        assert kind == _shm._VALUES
+        assert spans == [(_shm._PLACE, 7, len(data), v.place, None)]
         assert placed.unread(v)  # the worker did not read it
-        back = attached.unpack(packed)
+        (back,) = attached.unpack(packed)
         assert back == [{"x": data, "y": 1}] and type(back[0]["x"]) is StreamBytes
     finally:
         attached.close()

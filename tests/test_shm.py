@@ -11,7 +11,16 @@ import torch
 from torch.utils.data.datapipes.datapipe import DataChunk
 
 from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService
-from shardpipes.dataloader2._shm import MIN_BYTES, PREFIX, Attachments, Packed, Pickled, Ring
+from shardpipes.dataloader2._shm import (
+    _AS_IS,
+    _INLINE,
+    _PICKLED,
+    _VALUES,
+    MIN_BYTES,
+    PREFIX,
+    Attachments,
+    Ring,
+)
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.formats.stream import StreamBytes
 from shardpipes.synthetic import write_synthetic
@@ -22,25 +31,56 @@ def leftover_blocks(owner: str = "") -> list[str]:
     return [n for n in os.listdir("/dev/shm") if n.startswith(f"{PREFIX}{owner}")]
 
 
+def pack(ring, batch):
+    """``batch`` in a block, alone (a worker's bundle of one item)."""
+    return ring.pack([batch])
+
+
+def unpack(attached, bundled):
+    (item,) = attached.unpack(bundled)
+    return item
+
+
+def kind(bundled):
+    (entry,) = bundled.entries
+    return entry[0]
+
+
+def spans(bundled):
+    (entry,) = bundled.entries
+    assert entry[0] == _VALUES
+    return entry[2]
+
+
+def sent_as_is(bundled, batch):
+    """Nothing in a block: ``batch`` itself goes with the message (torch's queue)."""
+    return (
+        bundled.name is None
+        and bundled.entries == [(_AS_IS, batch)]
+        and (bundled.entries[0][1] is batch)
+    )
+
+
 def test_pack_and_unpack_give_back_the_same_batch():
     big, small = os.urandom(MIN_BYTES), b"x" * 10
     batch = DataChunk([{"__key__": "a", ".bin": big, ".txt": small}, {".bin": big + b"!"}])
     attached = Attachments()
     ring = Ring(slots=3, owner=attached.owner)
     try:
-        packed = ring.pack(batch)
-        assert type(packed) is Packed and len(packed.spans) == 2
-        assert all(len(v) < 100 for v in packed.item[0].values() if isinstance(v, bytes))
-        back = attached.unpack(packed)
+        packed = pack(ring, batch)
+        assert len(spans(packed)) == 2
+        skeleton = packed.entries[0][1]
+        assert all(len(v) < 100 for v in skeleton[0].values() if isinstance(v, bytes))
+        back = unpack(attached, packed)
         assert back == batch and type(back) is DataChunk
         assert type(back[0][".bin"]) is bytes
         plain = [{"a": small}, (1, 2)]
-        pickled = ring.pack(plain)  # nothing large: the whole batch pickled into a block
-        assert type(pickled) is Pickled and attached.unpack(pickled) == plain
-        assert ring.pack((1, 2)) == (1, 2)  # not a batch (a list): sent as it is
+        pickled = pack(ring, plain)  # nothing large: the whole batch pickled into a block
+        assert kind(pickled) == _PICKLED and unpack(attached, pickled) == plain
+        assert sent_as_is(pack(ring, (1, 2)), (1, 2))  # not a batch (a list): sent as it is
         for i in range(5):  # the ring wraps around and keeps serving exact copies
             item = (os.urandom(MIN_BYTES + i), i)
-            assert attached.unpack(ring.pack(item)) == item
+            assert unpack(attached, pack(ring, item)) == item
     finally:
         attached.close()
     assert not leftover_blocks(attached.owner)
@@ -51,13 +91,13 @@ def test_a_batch_larger_than_its_block_gets_a_larger_block():
     ring = Ring(slots=2, owner=attached.owner)
     try:
         first = [b"a" * MIN_BYTES]
-        attached.unpack(ring.pack(first))  # makes the block of ring slot 1 (8 MiB)
-        attached.unpack(ring.pack(first))  # slot 0
+        unpack(attached, pack(ring, first))  # makes the block of ring slot 1 (8 MiB)
+        unpack(attached, pack(ring, first))  # slot 0
         old = ring.blocks[1].name
         huge = [os.urandom(9 << 20)]
-        packed = ring.pack(huge)
-        assert type(packed) is Packed and packed.name != old and ring.blocks[1].size > 9 << 20
-        assert attached.unpack(packed) == huge
+        packed = pack(ring, huge)
+        assert kind(packed) == _VALUES and packed.name != old and ring.blocks[1].size > 9 << 20
+        assert unpack(attached, packed) == huge
         # the old block is unmapped here and gone from /dev/shm
         assert old not in attached.blocks and old.lstrip("/") not in leftover_blocks(attached.owner)
         assert len(leftover_blocks(attached.owner)) == 2
@@ -68,16 +108,19 @@ def test_a_batch_larger_than_its_block_gets_a_larger_block():
 
 def test_a_block_not_yet_copied_out_is_not_written_again():
     """More batches in flight than blocks (all requests going to one worker at the end of an
-    epoch): the batch that finds its block still in use is pickled instead."""
+    epoch): the batch that finds its block still in use goes with the message instead."""
     attached = Attachments()
     ring = Ring(slots=1, owner=attached.owner)
     try:
         first = [os.urandom(MIN_BYTES)]
-        packed = ring.pack(first)
+        packed = pack(ring, first)
         second = [os.urandom(MIN_BYTES)]
-        assert ring.pack(second) is second  # the only block still holds `first`
-        assert attached.unpack(packed) == first  # intact
-        assert type(ring.pack(second)) is Packed  # copied out: the block is free again
+        instead = pack(ring, second)  # the only block still holds `first`
+        assert instead.name is None and instead.entries == [(_AS_IS, second)]
+        small = pack(ring, [1, 2])  # a batch for the block, none free: pickled with the message
+        assert small.name is None and kind(small) == _INLINE and unpack(attached, small) == [1, 2]
+        assert unpack(attached, packed) == first  # intact
+        assert kind(pack(ring, second)) == _VALUES  # copied out: the block is free again
     finally:
         attached.close()
 
@@ -88,11 +131,11 @@ def test_an_overwritten_block_is_detected():
     attached = Attachments()
     ring = Ring(slots=1, owner=attached.owner)
     try:
-        packed = ring.pack([os.urandom(MIN_BYTES)])
+        packed = pack(ring, [os.urandom(MIN_BYTES)])
         block = ring.blocks[0]
         struct.pack_into("<q", block.buf, 0, packed.seq + 1)  # as if written again too early
         with pytest.raises(RuntimeError, match="overwritten"):
-            attached.unpack(packed)
+            unpack(attached, packed)
     finally:
         attached.close()
 
@@ -147,8 +190,9 @@ def test_without_shared_memory_batches_are_pickled(monkeypatch):
     monkeypatch.setattr(shared_memory, "SharedMemory", refuse)
     ring = Ring(slots=2, owner="test")
     item = [os.urandom(MIN_BYTES)]
-    assert ring.pack(item) is item and ring.broken
-    assert ring.pack(item) is item  # it does not try again for every batch
+    first = pack(ring, item)
+    assert first.name is None and first.entries == [(_AS_IS, item)] and ring.broken
+    assert sent_as_is(pack(ring, item), item)  # it does not try again for every batch
 
 
 _FAULTS_PER_BATCH = """
@@ -161,7 +205,7 @@ try:
     for i in range(33):
         if i == 3:
             before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        out = attached.unpack(ring.pack(batch))
+        (out,) = attached.unpack(ring.pack([batch]))
         assert out == batch
         del out  # freed a batch later, as a training loop does
     print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 30)
@@ -216,9 +260,9 @@ def test_tensors_cross_bit_for_bit(dtype):
     try:
         tensors = [random_tensor(shape, dtype, i) for i, shape in enumerate(_SHAPES)]
         batch = [{"__key__": f"k{i}", ".x": t, ".cls": i} for i, t in enumerate(tensors)]
-        packed = ring.pack(batch)
-        assert type(packed) is Packed and len(packed.spans) == len(tensors)
-        back = attached.unpack(packed)
+        packed = pack(ring, batch)
+        assert len(spans(packed)) == len(tensors)
+        back = unpack(attached, packed)
         for sent, got in zip(tensors, back, strict=True):
             assert same_tensor(sent, got[".x"])
             assert not got[".x"].is_shared()  # a tensor of its own, not a view of the block
@@ -231,8 +275,8 @@ def test_a_received_tensor_does_not_change_when_the_block_is_reused():
     attached = Attachments()
     ring = Ring(slots=1, owner=attached.owner)
     try:
-        first = attached.unpack(ring.pack([torch.ones(1000)]))[0]
-        attached.unpack(ring.pack([torch.zeros(1000)]))  # the same block, written again
+        first = unpack(attached, pack(ring, [torch.ones(1000)]))[0]
+        unpack(attached, pack(ring, [torch.zeros(1000)]))  # the same block, written again
         assert torch.equal(first, torch.ones(1000))
     finally:
         attached.close()
@@ -243,9 +287,9 @@ def test_the_same_tensor_twice_in_a_batch_arrives_as_one_object():
     ring = Ring(slots=2, owner=attached.owner)
     try:
         t = torch.arange(10.0)
-        packed = ring.pack([{"a": t, "b": t}])
-        assert len(packed.spans) == 1
-        back = attached.unpack(packed)[0]
+        packed = pack(ring, [{"a": t, "b": t}])
+        assert len(spans(packed)) == 1
+        back = unpack(attached, packed)[0]
         assert back["a"] is back["b"] and torch.equal(back["a"], t)
     finally:
         attached.close()
@@ -271,10 +315,11 @@ def test_tensors_that_are_more_than_their_contents_are_left_to_torch():
     ring = Ring(slots=2, owner=attached.owner)
     try:
         batch = [others]
-        assert ring.pack(batch) is batch  # tensors but nothing for the block: torch's queue
-        packed = ring.pack([{**others, "plain": torch.ones(3)}])
-        assert type(packed) is Packed and len(packed.spans) == 1  # only the plain tensor
-        assert all(packed.item[0][k] is v for k, v in others.items())
+        # tensors but nothing for the block: torch's queue
+        assert sent_as_is(pack(ring, batch), batch)
+        packed = pack(ring, [{**others, "plain": torch.ones(3)}])
+        assert len(spans(packed)) == 1  # only the plain tensor
+        assert all(packed.entries[0][1][0][k] is v for k, v in others.items())
     finally:
         attached.close()
 
@@ -284,7 +329,7 @@ def test_tensor_attributes_keep_it_with_torch():
     t.meta = "kept"  # attributes torch's pickling carries, and the block would not
     ring = Ring(slots=2, owner="test")
     batch = [t]
-    assert ring.pack(batch) is batch
+    assert sent_as_is(pack(ring, batch), batch)
 
 
 def test_a_batch_of_small_values_is_pickled_into_a_block_unless_it_holds_tensors():
@@ -294,13 +339,14 @@ def test_a_batch_of_small_values_is_pickled_into_a_block_unless_it_holds_tensors
         small = [
             {"__key__": f"k{i}", ".cls": i, ".bin": StreamBytes(os.urandom(100))} for i in range(64)
         ]
-        packed = ring.pack(small)
-        assert type(packed) is Pickled and packed.nbytes > 64 * 100
-        back = attached.unpack(packed)
+        packed = pack(ring, small)
+        assert kind(packed) == _PICKLED and packed.entries[0][2] > 64 * 100
+        back = unpack(attached, packed)
         assert back == small and type(back[0][".bin"]) is StreamBytes
         nested = [{"deep": {"deeper": [torch.ones(2)]}}]  # a tensor at any depth: torch's queue
-        assert ring.pack(nested) is nested
-        assert Ring(slots=2, owner="test", tensors=False).pack(small) is small  # pin_memory
+        assert sent_as_is(pack(ring, nested), nested)
+        pinning = Ring(slots=2, owner="test", tensors=False)  # pin_memory
+        assert sent_as_is(pack(pinning, small), small)
     finally:
         attached.close()
     assert not leftover_blocks(attached.owner)
@@ -317,9 +363,9 @@ def test_numpy_arrays_cross_bit_for_bit(dtype):
         n = MIN_BYTES // dt.itemsize + 3
         raw = np.random.default_rng(0).integers(0, 256, n * dt.itemsize, dtype=np.uint8)
         arrays = [raw.view(dt), raw.view(dt)[: n - n % 3].reshape(3, -1)]
-        packed = ring.pack({"arrays": arrays})
-        assert type(packed) is Packed and len(packed.spans) == 2
-        back = attached.unpack(packed)["arrays"]
+        packed = pack(ring, {"arrays": arrays})
+        assert len(spans(packed)) == 2
+        back = unpack(attached, packed)["arrays"]
         for sent, got in zip(arrays, back, strict=True):
             assert type(got) is np.ndarray and got.dtype == sent.dtype and got.shape == sent.shape
             assert got.tobytes() == sent.tobytes() and got.flags.writeable
@@ -383,11 +429,11 @@ def test_without_tensors_a_ring_leaves_them_to_torch():
     ring = Ring(slots=2, owner=attached.owner, tensors=False)
     try:
         t, big = torch.ones(3), os.urandom(MIN_BYTES)
-        packed = ring.pack([{"x": t, "b": big}])
-        assert type(packed) is Packed and len(packed.spans) == 1  # the bytes only
-        assert packed.item[0]["x"] is t
+        packed = pack(ring, [{"x": t, "b": big}])
+        assert len(spans(packed)) == 1  # the bytes only
+        assert packed.entries[0][1][0]["x"] is t
         only = [{"x": t}]
-        assert ring.pack(only) is only
+        assert sent_as_is(pack(ring, only), only)
     finally:
         attached.close()
 
@@ -414,7 +460,7 @@ def test_tensors_and_arrays_are_lent_from_the_block_until_they_are_gone():
         images = [torch.rand(3, 40, 40) for _ in range(4)]
         array = np.arange(MIN_BYTES, dtype=np.int32).reshape(-1, 8)
         batch = [{"img": t, "arr": array if i == 0 else None} for i, t in enumerate(images)]
-        back = attached.unpack(ring.pack(batch))
+        back = unpack(attached, pack(ring, batch))
         first = back[0]["img"]
         assert all(torch.equal(b["img"], t) for b, t in zip(back, images, strict=True))
         assert np.array_equal(back[0]["arr"], array) and back[0]["arr"].dtype == array.dtype
@@ -425,19 +471,19 @@ def test_tensors_and_arrays_are_lent_from_the_block_until_they_are_gone():
         assert first._base is None and first.is_contiguous()
         # the block is lent: the ring writes its other block, then has none free
         other = [torch.ones(5000)]
-        assert type(ring.pack(other)) is Packed
+        assert kind(pack(ring, other)) == _VALUES
         third = [torch.zeros(5000)]
-        assert ring.pack(third) is third
+        assert pack(ring, third).name is None  # no block free: with the message
         kept = first.clone()
         del back, batch
         gc.collect()
         assert torch.equal(first, kept)  # one value still alive: still lent, intact
-        assert ring.pack(third) is third
+        assert pack(ring, third).name is None
         del first
         gc.collect()
-        packed = ring.pack(third)  # every value gone: the block is free again
-        assert type(packed) is Packed
-        assert torch.equal(attached.unpack(packed)[0], third[0])
+        packed = pack(ring, third)  # every value gone: the block is free again
+        assert kind(packed) == _VALUES
+        assert torch.equal(unpack(attached, packed)[0], third[0])
     finally:
         attached.close()
     assert not leftover_blocks(attached.owner)
@@ -447,7 +493,7 @@ def test_values_lent_from_a_closed_loader_stay_valid():
     attached = Attachments()
     ring = Ring(slots=1, owner=attached.owner)
     image = torch.rand(3, 64, 64)
-    back = attached.unpack(ring.pack([image]))
+    back = unpack(attached, pack(ring, [image]))
     attached.close()  # the loader shuts down while the training loop still holds a batch
     assert not leftover_blocks(attached.owner)  # the name is gone, the map stays
     assert torch.equal(back[0], image)

@@ -7,11 +7,14 @@ its own, made for it, filled (faulting fresh pages in) and passed as a file desc
 socket, then mapped by the main process: about 650 us of a worker's CPU for a 224x224 float
 image (docs/performance.md), more than decoding the JPEG it came from.
 Instead, each worker keeps a small ring of shared-memory blocks (``multiprocessing.shared_memory``,
-created once and reused, so their pages stay mapped). :meth:`Ring.pack` copies every ``bytes``
-value and numpy array of at least :data:`MIN_BYTES`, and every plain CPU tensor, of a batch
-into the next block and sends the batch with small placeholders; :meth:`Attachments.unpack`,
-in the main process, copies each ``bytes`` value out of the block into a new one as soon as
-the batch arrives, and *lends* the tensors and arrays: each is made over its bytes in the block
+created once and reused, so their pages stay mapped). A worker sends its batches a few at a
+time (``_bundle.py``), all in one block: :meth:`Ring.prepare` takes each batch as it is made,
+pickling a batch of small values whole and taking every ``bytes`` value and numpy array of at
+least :data:`MIN_BYTES`, and every plain CPU tensor, out of a batch that has them (small
+placeholders in their place); :meth:`Ring.seal` writes them all into the next free block
+(:class:`Bundled`). In the main process a :class:`Reader` makes each batch when its turn
+comes: it unpickles it, or copies each ``bytes`` value out of the block into a new one, and
+*lends* the tensors and arrays: each is made over its bytes in the block
 (a tensor with a storage of its own, exactly its bytes; same type, dtype, shape and contents),
 with no copy, and the block goes back to its worker when the last of them is freed. The
 training loop sees exactly the items of an in-process run. Copying a batch of 64 224x224 float
@@ -32,8 +35,8 @@ worker) and the batch last given back (by the main process, once its bytes are c
 the values lent from it are gone). A worker writes a block only when the two are equal, that
 is when the main process is done with it; it takes the next free one of its blocks, and when
 none is free (more batches in flight or kept by the training loop than blocks, as when the
-other workers have finished an epoch and all requests go to this one) it pickles that batch as
-it would without the ring. The main process checks the
+other workers have finished an epoch and all requests go to this one) it sends those batches
+with the message, as it would without the ring. The main process checks the
 written number again after copying and raises rather than return torn data, should anything
 ever write a block early. ``prefetch + 2`` blocks per worker cover the usual case. A batch
 larger than its block gets a larger block in its place when the old one is free (a new name,
@@ -67,7 +70,7 @@ from shardpipes.formats import placed
 from shardpipes.formats.placed import PlacedBytes
 from shardpipes.formats.stream import StreamBytes
 
-__all__ = ["MIN_BYTES", "Attachments", "Packed", "Pickled", "Ring"]
+__all__ = ["MIN_BYTES", "Attachments", "Bundled", "Reader", "Ring"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +90,7 @@ _NEW_BYTES = frozenset({_BYTES, _STREAM, _PLACE})  # made anew in the main proce
 
 
 class _Ref:
-    """Placeholder for value ``i`` of a :class:`Packed` batch."""
+    """Placeholder for value ``i`` of an item's large values (a :class:`Bundled` entry)."""
 
     __slots__ = ("i",)
 
@@ -98,37 +101,34 @@ class _Ref:
         return (_Ref, (self.i,))
 
 
-class Pickled:
-    """A batch pickled into shared-memory block ``name``: ``nbytes`` after the block's header."""
-
-    __slots__ = ("name", "nbytes", "seq")
-
-    def __init__(self, name: str, seq: int, nbytes: int) -> None:
-        self.name = name
-        self.seq = seq
-        self.nbytes = nbytes
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Pickled, (self.name, self.seq, self.nbytes))
+# What an entry of a :class:`Bundled` is (its first element): an item pickled into the block
+# (offset, size); an item whose large values are in the block (its skeleton, their spans); an
+# item pickled with the message (no free block); an item sent as it is (torch's queue pickles
+# it, sharing its tensors).
+_PICKLED, _VALUES, _INLINE, _AS_IS = 0, 1, 2, 3
 
 
-class Packed:
-    """A batch whose large values sit in shared-memory block ``name`` at ``spans``.
+class Bundled:
+    """A worker's items, written into shared-memory block ``name`` as its batch ``seq``.
 
-    A span is ``(kind, offset, nbytes, dtype, shape)``; ``dtype`` and ``shape`` are ``None``
-    for ``bytes``.
+    ``entries`` has one per item: ``(_PICKLED, offset, nbytes)``, ``(_VALUES, skeleton,
+    spans)`` (a span is ``(kind, offset, nbytes, dtype, shape)``; ``dtype`` and ``shape`` are
+    ``None`` for ``bytes``), ``(_INLINE, pickled)`` or ``(_AS_IS, item)``. ``name`` is
+    ``None`` when no block was free or needed: then there are only the last two kinds.
     """
 
-    __slots__ = ("item", "name", "seq", "spans")
+    __slots__ = ("entries", "name", "seq")
 
-    def __init__(self, item: Any, name: str, seq: int, spans: list[tuple[Any, ...]]) -> None:
-        self.item = item
+    def __init__(self, name: str | None, seq: int, entries: list[tuple[Any, ...]]) -> None:
         self.name = name
         self.seq = seq
-        self.spans = spans
+        self.entries = entries
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Packed, (self.item, self.name, self.seq, self.spans))
+        return (Bundled, (self.name, self.seq, self.entries))
+
+    def __len__(self) -> int:
+        return len(self.entries)
 
 
 def _plain_tensor(x: torch.Tensor) -> bool:
@@ -156,7 +156,7 @@ def _kind(x: Any) -> int:
     if kind is PlacedBytes and placed.unread(x):
         return _PLACE
     if kind is StreamBytes or kind is PlacedBytes:  # (one read in the worker: its bytes)
-        return _STREAM if len(x) >= MIN_BYTES else -1
+        return _STREAM if len(x._data) >= MIN_BYTES else -1
     if kind is torch.Tensor:
         return _TENSOR if _plain_tensor(x) else -1
     if kind is np.ndarray:
@@ -310,11 +310,11 @@ def _lent(lease: np.ndarray, span: tuple[Any, ...]) -> Any:
     return np.frombuffer(lease, dtype=dtype, count=n // dtype.itemsize, offset=at).reshape(shape)
 
 
-def _check_written(buf: memoryview, item: Packed | Pickled) -> None:
-    """Raise if the worker wrote ``item``'s block again while it was being read (never should)."""
-    if _SEQ.unpack_from(buf, 0)[0] != item.seq:
+def _check_written(buf: memoryview, name: str, seq: int) -> None:
+    """Raise if the worker wrote block ``name`` again while it was being read (never should)."""
+    if _SEQ.unpack_from(buf, 0)[0] != seq:
         raise RuntimeError(
-            f"shared-memory block {item.name} was overwritten before batch {item.seq} was "
+            f"shared-memory block {name} was overwritten before batch {seq} was "
             "read from it; please report this"
         )
 
@@ -350,7 +350,7 @@ def _no_tensors_table() -> dict[Any, Any]:
 
 
 class Ring:
-    """A worker's blocks (``slots`` of them), written round-robin, one batch per block.
+    """A worker's blocks (``slots`` of them), written round-robin, one message per block.
 
     Blocks are named ``spipe_<owner>_<worker pid>_<slot>_<generation>`` and removed by the
     main process (:meth:`Attachments.close`, which also removes any a dead worker left behind);
@@ -374,6 +374,7 @@ class Ring:
         # The files of the members a block's batch sent by their place, held open until the
         # main process gives the block back (it has read them then): formats/placed.py.
         self.held: dict[str, list[Any]] = {}
+        self.packed_bytes = -1  # of the last pack()
 
     def _block(self, slot: int, size: int) -> shared_memory.SharedMemory | None:
         """The block of ``slot`` if it is free and holds ``size`` bytes (a new one if need be)."""
@@ -410,58 +411,109 @@ class Ring:
         self.blocks[slot] = block
         return block
 
-    def pack(self, item: Any) -> Any:
-        """``item``, or a copy of it in the next free block (:class:`Packed` or :class:`Pickled`)."""
+    def prepare(self, item: Any) -> tuple[Any, ...]:
+        """What ``item`` becomes in a block: an entry for :meth:`seal`.
+
+        Called on each item as it is made: a batch of small values is pickled at once (and can
+        be freed), a batch's large values are taken out (:func:`_swap`).
+        """
         if self.broken:
-            return item
+            return (_AS_IS, item)
         if not _large(item, 2, self.leaves):
             # A batch of small samples: pickled here, into a block, rather than by torch's
             # queue into its pipe (about 140 KB for 64 samples of 2 KB: the main process read
-            # it 64 KB at a time, taking turns with the worker's feeder thread).
-            return self._pickled(item) if self.whole and isinstance(item, list) else item
+            # it 64 KB at a time, taking turns with the worker's feeder thread). Unless torch's
+            # pin thread must see the tensors it may hold (pin_memory: whole=False).
+            if not self.whole or not isinstance(item, list):
+                return (_AS_IS, item)
+            out = io.BytesIO()
+            pickler = pickle.Pickler(out)
+            pickler.dispatch_table = self._table
+            try:
+                pickler.dump(item)
+            except _HoldsTensors:
+                return (_AS_IS, item)  # torch's queue shares its tensors as it always did
+            return (_PICKLED, out.getbuffer())
         found: list[Any] = []
-        skeleton = _swap(item, 2, found, {}, self.leaves)
-        block = self._free_block(_HEADER_SIZE + sum(_aligned(_nbytes(x)) for x in found))
-        if block is None:
-            return item
-        buf = cast(memoryview, block.buf)  # None only after close()
-        self.seq += 1
-        _SEQ.pack_into(buf, 0, self.seq)
-        spans, at = [], _HEADER_SIZE
-        for x in found:
-            spans.append(_write(buf, at, x))
-            at += _aligned(_nbytes(x))
-        self.held[block.name] = [
-            x.held for s, x in zip(spans, found, strict=True) if s[0] == _PLACE
-        ]
-        return Packed(skeleton, block.name, self.seq, spans)
+        return (_VALUES, _swap(item, 2, found, {}, self.leaves), found)
 
-    def _pickled(self, item: list[Any]) -> Any:
-        out = io.BytesIO()
-        pickler = pickle.Pickler(out)
-        pickler.dispatch_table = self._table
-        try:
-            pickler.dump(item)
-        except _HoldsTensors:
-            return item  # torch's queue shares its tensors as it always did
-        data = out.getbuffer()
-        block = self._free_block(_HEADER_SIZE + len(data))
-        if block is None:
-            return item
+    def seal(self, entries: list[tuple[Any, ...]]) -> Bundled:
+        """The :meth:`prepare` d items, written into the next free block.
+
+        :attr:`packed_bytes` is then what the block holds, with the members the main process
+        reads from their shards, or ``-1`` if an item holds large values sent otherwise.
+        """
+        sizes = [_entry_size(e) for e in entries]
+        self.packed_bytes = -1 if -1 in sizes else sum(sizes)
+        if all(e[0] == _AS_IS for e in entries):
+            return Bundled(None, 0, entries)
+        block = self._free_block(
+            _HEADER_SIZE
+            + sum(_aligned(n) for e, n in zip(entries, sizes, strict=True) if e[0] != _AS_IS)
+        )
+        if block is None:  # every block is still in use: the items go with the message
+            return Bundled(None, 0, [_inline(e) for e in entries])
         buf = cast(memoryview, block.buf)  # None only after close()
         self.seq += 1
         _SEQ.pack_into(buf, 0, self.seq)
-        buf[_HEADER_SIZE : _HEADER_SIZE + len(data)] = data
-        return Pickled(block.name, self.seq, len(data))
+        at = _HEADER_SIZE
+        written: list[tuple[Any, ...]] = []
+        held: list[Any] = []
+        for entry in entries:
+            kind = entry[0]
+            if kind == _PICKLED:
+                data = entry[1]
+                buf[at : at + len(data)] = data
+                written.append((_PICKLED, at, len(data)))
+                at += _aligned(len(data))
+            elif kind == _VALUES:
+                spans = []
+                for x in entry[2]:
+                    span = _write(buf, at, x)
+                    spans.append(span)
+                    at += _aligned(_nbytes(x))
+                    if span[0] == _PLACE:
+                        held.append(x.held)
+                written.append((_VALUES, entry[1], spans))
+            else:
+                written.append(entry)
+        self.held[block.name] = held
+        return Bundled(block.name, self.seq, written)
+
+    def pack(self, items: list[Any]) -> Bundled:
+        """``items`` in the next free block (:meth:`prepare` each, then :meth:`seal`)."""
+        return self.seal([self.prepare(x) for x in items])
 
     def _free_block(self, size: int) -> shared_memory.SharedMemory | None:
         # The next slot, or the first free one after it: the main process lends the tensors
         # and arrays of a batch straight from its block and frees it when they are gone.
         for step in range(self.slots):
             block = self._block((self.seq + 1 + step) % self.slots, size)
-            if block is not None:
+            if block is not None or self.broken:
                 return block
         return None
+
+
+def _entry_size(entry: tuple[Any, ...]) -> int:
+    """What a prepared entry takes in a block (a placed member: what is read from its shard)."""
+    kind = entry[0]
+    if kind == _PICKLED:
+        return len(entry[1])
+    if kind == _VALUES:
+        return sum(
+            x.size if type(x) is PlacedBytes and placed.unread(x) else _nbytes(x) for x in entry[2]
+        )
+    return -1 if _large(entry[1], 2, _LEAVES) else 0  # large values left to torch's queue
+
+
+def _inline(entry: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A prepared entry sent with the message instead (no block was free)."""
+    kind = entry[0]
+    if kind == _PICKLED:
+        return (_INLINE, bytes(entry[1]))
+    if kind == _VALUES:
+        return (_AS_IS, _restore(entry[1], 2, entry[2]))
+    return entry
 
 
 def _keep_heap(nbytes: int) -> None:
@@ -506,41 +558,21 @@ class Attachments:
             resource_tracker.unregister(replaced._name, "shared_memory")  # type: ignore[attr-defined]
         return block
 
-    def unpack(self, item: Any) -> Any:
-        """The batch :meth:`Ring.pack` was given."""
-        kind = type(item)
-        if kind is not Packed and kind is not Pickled:
-            return item
-        block = self.blocks.get(item.name)
-        if block is None:
-            block = self._attach(item.name)
-        buf = cast(memoryview, block.buf)  # None only after close()
-        if kind is Pickled:
-            out = pickle.loads(buf[_HEADER_SIZE : _HEADER_SIZE + item.nbytes])
-            _check_written(buf, item)
-            _SEQ.pack_into(buf, 8, item.seq)  # the block is free for the worker again
-            return out
-        copied = sum(span[2] for span in item.spans if span[0] in _NEW_BYTES)
-        if copied > self.heap_kept:
-            _keep_heap(copied)
-            self.heap_kept = copied
-        lease: np.ndarray | None = None
-        values = []
-        for span in item.spans:
-            if span[0] in _NEW_BYTES:
-                values.append(_read(buf, span))
-                continue
-            if lease is None:  # tensors and arrays are lent from the block
-                lease = np.frombuffer(buf, dtype=np.uint8)
-            values.append(_lent(lease, span))
-        _check_written(buf, item)
-        if lease is None:
-            _SEQ.pack_into(buf, 8, item.seq)  # the block is free for the worker again
-        else:
-            # Free once every tensor and array lent from it is gone; until then the worker
-            # writes its other blocks (or pickles, when none is free).
-            weakref.finalize(lease, _give_back, buf, item.seq)
-        return _restore(item.item, 2, values)
+    def reader(self, bundled: Bundled) -> Reader:
+        """Reads the items of ``bundled`` one by one (:meth:`Reader.load`)."""
+        block = None
+        if bundled.name is not None:
+            block = self.blocks.get(bundled.name)
+            if block is None:
+                block = self._attach(bundled.name)
+        return Reader(self, bundled, block)
+
+    def unpack(self, payload: Any) -> Any:
+        """The items :meth:`Ring.pack` was given (``payload`` as it is if not a bundle)."""
+        if type(payload) is not Bundled:
+            return payload
+        reader = self.reader(payload)
+        return [reader.load(i) for i in range(len(payload))]
 
     def close(self) -> None:
         """Unmap and remove every block seen (the workers have stopped)."""
@@ -560,6 +592,67 @@ class Attachments:
                 if name.startswith(f"{PREFIX}{self.owner}_"):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(os.path.join(shm, name))
+
+
+class Reader:
+    """The main process's reading of one :class:`Bundled`, an item at a time, in order.
+
+    Items are made when asked for (unpickling a bundle's batches at once kept thousands of
+    objects alive together, and Python's garbage collector walked them again and again: 160
+    against 75 us a batch of 64 small samples). The block goes back to its worker when every
+    item has been read and every tensor and array lent from it is gone.
+    """
+
+    __slots__ = ("attached", "buf", "entries", "lease", "left", "name", "seq")
+
+    def __init__(
+        self, attached: Attachments, bundled: Bundled, block: shared_memory.SharedMemory | None
+    ) -> None:
+        self.attached = attached
+        self.entries = list(bundled.entries)
+        self.left = len(self.entries)
+        self.name = bundled.name or ""
+        self.seq = bundled.seq
+        self.buf: memoryview | None = None
+        self.lease: np.ndarray | None = None
+        if block is not None:
+            self.buf = buf = cast(memoryview, block.buf)  # None only after close()
+            # Tensors and arrays are lent from the block and keep it; so does this reader
+            # until its last item is read. When the lease is gone, the block is free again.
+            self.lease = lease = np.frombuffer(buf, dtype=np.uint8)
+            weakref.finalize(lease, _give_back, buf, bundled.seq)
+
+    def load(self, i: int) -> Any:
+        """Item ``i`` (each is read once)."""
+        entry = self.entries[i]
+        self.entries[i] = ()
+        kind = entry[0]
+        if kind == _AS_IS:
+            out = entry[1]
+        elif kind == _INLINE:
+            out = pickle.loads(entry[1])
+        else:
+            buf = cast(memoryview, self.buf)
+            if kind == _PICKLED:
+                out = pickle.loads(buf[entry[1] : entry[1] + entry[2]])
+            else:
+                out = self._values(buf, entry[1], entry[2])
+            _check_written(buf, self.name, self.seq)
+        self.left -= 1
+        if not self.left:
+            self.lease = None  # the block is free once nothing lent from it lives
+        return out
+
+    def _values(self, buf: memoryview, skeleton: Any, spans: list[tuple[Any, ...]]) -> Any:
+        copied = sum(span[2] for span in spans if span[0] in _NEW_BYTES)
+        if copied > self.attached.heap_kept:
+            _keep_heap(copied)
+            self.attached.heap_kept = copied
+        values = [
+            _read(buf, span) if span[0] in _NEW_BYTES else _lent(cast(np.ndarray, self.lease), span)
+            for span in spans
+        ]
+        return _restore(skeleton, 2, values)
 
 
 def _unmap(block: shared_memory.SharedMemory) -> None:

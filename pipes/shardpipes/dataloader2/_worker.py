@@ -13,14 +13,14 @@ and arrays travel through each worker's ring of shared-memory blocks (``_shm.py`
 from __future__ import annotations
 
 import ctypes
-import itertools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import IterableDataset, IterDataPipe, get_worker_info
 
+from shardpipes.dataloader2._bundle import bundles
 from shardpipes.dataloader2._copy import copy_graph
 from shardpipes.dataloader2._shm import Ring
 from shardpipes.dataloader2._stats import (
@@ -39,7 +39,7 @@ from shardpipes.formats import placed
 from shardpipes.plan.epoch import EpochPlan
 from shardpipes.plan.resume import Segment
 
-__all__ = ["EpochEnd", "EpochSlot", "WorkerDataset"]
+__all__ = ["EpochSlot", "WorkerDataset"]
 
 # Slots of the shared epoch tensor: seed, epoch, the spawn path's length, the path (rank, ...),
 # then the number of stretches of a resumed epoch and the stretches (4 numbers each).
@@ -47,20 +47,23 @@ _MAX_PATH = 4
 _MAX_SEGMENTS = 8
 
 
-@dataclass(frozen=True)
-class EpochEnd:
-    """A worker's last item of an epoch: the totals of its dropping stages (not passed on)."""
-
-    worker: int
-    flows: list[list[Any]]
-
-
 class EpochSlot:
-    """A shared-memory record of the current epoch's seed generator, read by the workers."""
+    """A shared-memory record of the current epoch's seed generator, read by the workers.
+
+    With it, :attr:`bundle`: how many items a worker sends per message (``_bundle.py``), set by
+    the main process and read by the workers before each message.
+    """
 
     def __init__(self) -> None:
         self.tensor = torch.zeros(4 + _MAX_PATH + 4 * _MAX_SEGMENTS, dtype=torch.int64)
         self.tensor.share_memory_()  # type: ignore[no-untyped-call]
+        self._bundle = torch.ones(1, dtype=torch.int64)
+        self._bundle.share_memory_()  # type: ignore[no-untyped-call]
+
+    @property
+    def bundle(self) -> np.ndarray:
+        """The shared bundle size, as a one-element array (reading a tensor costs more)."""
+        return self._bundle.numpy()
 
     def write(self, gen: EpochPlan) -> None:
         """Publish ``gen`` (called in the main process before each epoch)."""
@@ -157,23 +160,34 @@ class WorkerDataset(IterableDataset[Any]):
             )
         if info is None:
             return iter(self.datapipe)
-        # The epoch's last item is this worker's drop totals (chain: no cost per item).
-        items = itertools.chain(self.datapipe, self._epoch_end(worker))
-        if not self.shm_slots:
-            return items
-        if self._ring is None:
+        if self.shm_slots and self._ring is None:
             self._ring = Ring(self.shm_slots, self._owner, tensors=self.shm_tensors)
             # Large members no stage here reads are sent by where they lie in their shard,
             # and read once, by the main process (formats/placed.py).
             placed.enable()
-        return map(self._ring.pack, items)
+        # Several items per message, the epoch's drop totals with the last (_bundle.py).
+        return bundles(
+            worker,
+            iter(self.datapipe),
+            self.slot.bundle,
+            self._ring,
+            self._skip_total,
+            self._skip_state,
+            self._epoch_end,
+        )
 
-    def _epoch_end(self, worker: int) -> Iterator[EpochEnd]:
-        yield EpochEnd(worker, flows_to_list(read_flows(self._flows)))
+    def _skip_total(self) -> int:
+        return sum(c.samples + c.shards for c in self._counters)
 
-    # StatefulDataLoader snapshots this with every item a worker produces: it is how the skip
-    # counters of the worker's copy of the graph reach the main process. The counters were
-    # found once (walking the graph per batch cost ~15% of a worker's time on small samples).
+    def _skip_state(self) -> dict[str, Any]:
+        return skips_to_dict(merge_skips(self._counters))
+
+    def _epoch_end(self) -> list[list[Any]]:
+        return flows_to_list(read_flows(self._flows))
+
+    # The skip counters of the worker's copy of the graph reach the main process with the
+    # bundles, made only when their sum moved. The counters were found once (walking the graph
+    # per batch cost ~15% of a worker's time on small samples).
     def state_dict(self) -> dict[str, Any]:
         """Return this worker's skip counters."""
         return {"skipped": skips_to_dict(merge_skips(self._counters))}

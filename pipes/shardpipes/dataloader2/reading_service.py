@@ -31,6 +31,7 @@ from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import apply_sharding
 
+from shardpipes.dataloader2._bundle import Interleave
 from shardpipes.dataloader2._index_share import share_indexes
 from shardpipes.dataloader2._pool import MainPrefetcherIterDataPipe, WorkerPoolIterDataPipe
 from shardpipes.dataloader2._shm import Attachments
@@ -44,7 +45,7 @@ from shardpipes.dataloader2._stats import (
     skips_from_dict,
     source_of_graph,
 )
-from shardpipes.dataloader2._worker import EpochEnd, EpochSlot, WorkerDataset
+from shardpipes.dataloader2._worker import EpochSlot, WorkerDataset
 from shardpipes.dataloader2.graph import apply_epoch_plan, has_sharding, stages_of
 from shardpipes.dataloader2.graph.utils import _swap_in
 from shardpipes.dataloader2.random.distributed import dist_share_seed
@@ -273,7 +274,8 @@ class MultiProcessingReadingService(ReadingServiceInterface):
 
     The ``sharding_filter`` of the graph is applied per worker (after any distributed
     sharding, so a reader is ``rank * num_workers + worker``); batches made in workers travel
-    to the main process whole, in a deterministic round-robin order. Workers persist across
+    to the main process whole (several to a message when they are cheap), and are yielded in a
+    deterministic round-robin order, one worker's batch after another's. Workers persist across
     epochs. ``fullsync`` and ``pin_memory`` at the end of the graph stay in the main process.
     With ``num_workers=0`` the graph runs in the main process.
 
@@ -281,7 +283,9 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         num_workers: Worker processes. Default: ``0``.
         multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or ``None`` (the
             platform default).
-        worker_prefetch_cnt: Items each worker keeps ready (``0`` is taken as ``1``). Default: ``2``.
+        worker_prefetch_cnt: Messages each worker keeps ready (``0`` is taken as ``1``); a
+            message holds one item, or up to 16 when items are cheap and small (see
+            docs/worker-pool.md). Default: ``2``.
         main_prefetch_cnt: Items a main-process thread keeps ready; ``0`` for none. Default: ``0``.
         worker_init_fn: ``fn(datapipe, worker_info) -> datapipe``, applied once in each worker
             after its sharding. ``worker_info`` is a
@@ -292,7 +296,8 @@ class MultiProcessingReadingService(ReadingServiceInterface):
             ``random``/``numpy``/``torch`` generators were seeded.
         pin_memory: Pin tensors in the main process (when an accelerator exists).
         timeout: Seconds to wait for a worker's next item before failing; ``0`` waits as long
-            as the workers live. Default: ``0``.
+            as the workers live. With a timeout, workers send one item per message. Default:
+            ``0``.
 
     Raises:
         WorkerError: A worker died (killed by a signal, out of memory), naming it.
@@ -343,7 +348,8 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         self._loader: Any = None
         self._generator: EpochPlan | None = None
         self._attached = Attachments()  # shared-memory blocks of the workers' large values
-        self._worker_flows: dict[int, list[list[Any]]] = {}  # each worker's latest drop totals
+        # Deals the workers' bundles out one item at a time; their skip and drop totals.
+        self._interleave: Interleave | None = None
 
     def initialize(self, datapipe: IterDataPipe[Any]) -> IterDataPipe[Any]:
         """Move all but the main-process tail of the graph into the worker pool."""
@@ -355,6 +361,7 @@ class MultiProcessingReadingService(ReadingServiceInterface):
             return datapipe
         _warn_unsharded(core, self.num_workers, "MultiProcessingReadingService")
         self._slot = EpochSlot()
+        self._interleave = Interleave(self._slot.bundle, self._attached, grow=not self.timeout)
         pool: IterDataPipe[Any] = WorkerPoolIterDataPipe(core, self)
         if self.main_prefetch_cnt:
             pool = MainPrefetcherIterDataPipe(pool, self.main_prefetch_cnt)
@@ -411,28 +418,25 @@ class MultiProcessingReadingService(ReadingServiceInterface):
             timeout=self.timeout,
             generator=generator,
             in_order=True,
+            # The skip counters come with the bundles (_bundle.py), not in torch's snapshots.
+            snapshot_every_n_steps=0,
             # Items cross from workers as they are: torch's default would turn numpy arrays
             # into tensors with workers but not without them.
             collate_fn=_as_is,
         )
 
     def _iterate_pool(self) -> Iterator[Any]:
+        if self._interleave is None:
+            raise RuntimeError("initialize() was not called")
         if self._loader is None:
             self._loader = self._make_loader()
-        it: Iterator[Any] | None = None
-        while True:
-            try:
-                if it is None:
-                    it = iter(self._loader)  # starts (or resets) the workers
-                item = next(it)
-            except StopIteration:
-                return
-            except Exception as exc:
-                raise self._explain(exc) from None
-            if type(item) is EpochEnd:
-                self._worker_flows[item.worker] = item.flows
-                continue
-            yield self._attached.unpack(item)
+            self._interleave.skips.clear()  # new workers count from zero
+        self._interleave.start_epoch()
+        try:
+            it = iter(self._loader)  # starts (or resets) the workers
+            yield from self._interleave.items(it, self.num_workers)
+        except Exception as exc:
+            raise self._explain(exc) from None
 
     def _explain(self, exc: Exception) -> Exception:
         """Name the rank in a worker's error; turn a dead worker into a ``WorkerError``."""
@@ -462,12 +466,9 @@ class MultiProcessingReadingService(ReadingServiceInterface):
             return graph_skips(self._core)
         if self._loader is None:
             return SkipStats()
-        snapshots = self._loader.state_dict().get("_snapshot", {}).get("_worker_snapshots", {})
-        return merge_skips(
-            skips_from_dict(snap["dataset_state"]["skipped"])
-            for snap in snapshots.values()
-            if (snap.get("dataset_state") or {}).get("skipped") is not None
-        )
+        if self._interleave is None:
+            return SkipStats()
+        return merge_skips(skips_from_dict(s) for _, s in sorted(self._interleave.skips.items()))
 
     def flows(self) -> tuple[list[StageFlow], str] | None:
         """Totals of the dropping stages, summed over the workers (as of their latest batch)."""
@@ -476,7 +477,8 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         if self.num_workers == 0:
             return _local_flows(self, self._core)
         source = _local_flows(self, self._core)[1]
-        return merge_flows(flows for _, flows in sorted(self._worker_flows.items())), source
+        flows = self._interleave.flows if self._interleave is not None else {}
+        return merge_flows(f for _, f in sorted(flows.items())), source
 
     def finalize(self) -> None:
         """Stop the worker processes."""
