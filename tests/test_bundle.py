@@ -134,19 +134,24 @@ def test_an_error_is_raised_after_the_items_made_before_it():
     assert got == [0, 1, 2]  # worker 1's error comes where its next item would have
 
 
-def test_a_bundle_grows_while_cheap_and_small_and_only_after_two_agree():
+def test_a_bundle_grows_to_about_10_ms_of_work_within_8_mb_after_two_agree():
     size = np.ones(1, dtype=np.int64)
     interleave = Interleave(size, Attachments())
 
     def seen(count, cost, nbytes):
+        """The size after a bundle of ``count`` items, ``cost`` seconds each, ``nbytes`` in all."""
         interleave._grow(Bundle(0, [], count, [], None, None, cost, nbytes))
         return int(size[0])
 
     assert seen(1, 1e-4, 1000) == 1  # one cheap bundle is not enough
     assert seen(1, 1e-4, 1000) == MAX_BUNDLE  # two: as large as allowed
-    assert seen(16, 16 * 6e-3, 16 * 1000) == MAX_BUNDLE  # within an epoch it only grows
+    assert seen(16, 0.02, 16 * 1000) == MAX_BUNDLE  # within an epoch it only grows
     interleave.start_epoch()
     assert int(size[0]) == 1  # ... the next epoch starts where the last bundles were
+    for _ in range(2):
+        seen(1, 2e-3, 0)  # 2 ms items: 8 make 16 ms, the first power of two past 10 ms
+    assert int(size[0]) == 8
+    size[0] = 1
     for _ in range(2):
         seen(1, 1e-6, 3 << 20)  # 3 MB items: two per bundle fit in BUNDLE_BYTES
     assert int(size[0]) == 2

@@ -13,8 +13,11 @@ epoch ends. The order, and so checkpoints, resume arithmetic (plan/resume.py) an
 How many items a bundle holds is decided by the main process and read by every worker from
 shared memory before each bundle it starts (:attr:`EpochSlot.bundle
 <shardpipes.dataloader2._worker.EpochSlot>`). It starts at 1 and only grows within an epoch,
-while a bundle takes a worker no more than :data:`BUNDLE_SECONDS` to make and holds no more
-than :data:`BUNDLE_BYTES` (so heavy batches, decoded images, go one per message as before).
+to the smallest power of two of items that take a worker about :data:`BUNDLE_SECONDS` to make
+(so the message's own cost is a few percent of the work it carries), and no more than hold
+:data:`BUNDLE_BYTES` in shared memory (heavy batches, decoded images, go one per message as
+before). What an item takes to make is the worker's average over its epoch so far: a
+shuffle buffer makes the first batches of an epoch dear and the last ones nearly free.
 The same size for every worker matters: torch deals out messages round-robin, so a worker
 whose bundles were larger than another's would pile up items in the main process; while the
 size grows, workers may read it a bundle apart, which leaves at most :data:`MAX_BUNDLE` items
@@ -40,7 +43,7 @@ from shardpipes.dataloader2._shm import _INLINE, _PICKLED, Attachments, Bundled,
 
 __all__ = ["BUNDLE_BYTES", "BUNDLE_SECONDS", "MAX_BUNDLE", "Bundle", "Interleave", "bundles"]
 
-#: A bundle grows while it takes a worker at most this long to make (its items' wall time).
+#: A bundle grows until its items take a worker about this long to make (wall time).
 BUNDLE_SECONDS = 0.01
 #: ... and while its items take at most this much shared memory (or reading from their shards).
 BUNDLE_BYTES = 8 << 20
@@ -63,7 +66,7 @@ class Bundle:
             where they changed.
         end: The worker's drop totals, when its epoch ends after these items; else ``None``.
         error: The error its graph raised after these items (then no more come); else ``None``.
-        cost: Seconds the worker took to make the items.
+        cost: Seconds an item took the worker to make, on average over its epoch so far.
         nbytes: Bytes the items took in shared memory or are read from their shards; ``-1``
             when they were sent otherwise (through torch's queue).
     """
@@ -144,6 +147,7 @@ def bundles(
     items made before it are sent, then the error (as torch's worker loop would send it).
     """
     seen = skip_total()
+    made, spent = 0, 0.0
     while True:
         want = int(size[0])
         out: list[Any] = []
@@ -170,13 +174,14 @@ def bundles(
             total = skip_total()
             if total != seen:
                 skips.append((len(out), skip_state()))
-        cost = time.perf_counter() - start
+        made += len(out)
+        spent += time.perf_counter() - start
         payload: Any = out
         nbytes = -1
         if ring is not None:
             payload = ring.seal(out)
             nbytes = ring.packed_bytes
-        yield Bundle(worker, payload, len(out), skips, ended, error, cost, nbytes)
+        yield Bundle(worker, payload, len(out), skips, ended, error, spent / max(made, 1), nbytes)
         if ended is not None or error is not None:
             return
 
@@ -297,15 +302,15 @@ class Interleave:
         self._grow(bundle)
 
     def _grow(self, bundle: Bundle) -> None:
-        """Raise the shared size when this bundle and the one before say it is cheap enough."""
+        """Raise the shared size when this bundle and the one before say items are cheap."""
         if bundle.count == 0 or bundle.end is not None or not self.grow:
             return  # an epoch's last bundle is often short
         want = 1
         if bundle.nbytes >= 0:
-            cost, nbytes = bundle.cost / bundle.count, bundle.nbytes / bundle.count
+            nbytes = bundle.nbytes / bundle.count
             while (
                 want < MAX_BUNDLE
-                and 2 * want * cost <= BUNDLE_SECONDS
+                and want * bundle.cost < BUNDLE_SECONDS
                 and 2 * want * nbytes <= BUNDLE_BYTES
             ):
                 want *= 2

@@ -495,14 +495,16 @@ class Ring:
 
 
 def _entry_size(entry: tuple[Any, ...]) -> int:
-    """What a prepared entry takes in a block (a placed member: what is read from its shard)."""
+    """What a prepared entry takes in a block.
+
+    A placed member takes nothing: the main process reads it from its shard when its item's
+    turn comes, not when the block arrives.
+    """
     kind = entry[0]
     if kind == _PICKLED:
         return len(entry[1])
     if kind == _VALUES:
-        return sum(
-            x.size if type(x) is PlacedBytes and placed.unread(x) else _nbytes(x) for x in entry[2]
-        )
+        return sum(_nbytes(x) for x in entry[2])
     return -1 if _large(entry[1], 2, _LEAVES) else 0  # large values left to torch's queue
 
 
