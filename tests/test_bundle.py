@@ -153,7 +153,7 @@ def test_a_bundle_grows_to_about_10_ms_of_work_within_8_mb_after_two_agree():
     assert int(size[0]) == 8
     size[0] = 1
     for _ in range(2):
-        seen(1, 1e-6, 3 << 20)  # 3 MB items: two per bundle fit in BUNDLE_BYTES
+        seen(1, 1e-6, 700 << 10)  # 700 KB items: two per bundle fit in BUNDLE_BYTES (2 MB)
     assert int(size[0]) == 2
     size[0] = 1
     for _ in range(2):

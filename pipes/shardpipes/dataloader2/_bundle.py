@@ -45,8 +45,10 @@ __all__ = ["BUNDLE_BYTES", "BUNDLE_SECONDS", "MAX_BUNDLE", "Bundle", "Interleave
 
 #: A bundle grows until its items take a worker about this long to make (wall time).
 BUNDLE_SECONDS = 0.01
-#: ... and while its items take at most this much shared memory (or reading from their shards).
-BUNDLE_BYTES = 8 << 20
+#: ... and while its items take at most this much shared memory. Each of a worker's
+#: ``worker_prefetch_cnt + 2`` blocks is filled up to this, and its pages stay in memory (in the
+#: worker's and the main process's resident size): about 8 MB a worker by default.
+BUNDLE_BYTES = 2 << 20
 #: Items in a bundle at most.
 MAX_BUNDLE = 16
 
