@@ -33,15 +33,7 @@ def round_robin(streams: list[list]) -> list:
 
 def messages(bundled: list[list[Bundle]]):
     """The order torch delivers messages in: round-robin over the workers, by message."""
-    at = [0] * len(bundled)
-    active = list(range(len(bundled)))
-    while active:
-        for w in list(active):
-            if at[w] == len(bundled[w]):
-                active.remove(w)
-                continue
-            yield bundled[w][at[w]]
-            at[w] += 1
+    return iter(round_robin(bundled))
 
 
 def cut(items: list, sizes: list[int]) -> list[list]:

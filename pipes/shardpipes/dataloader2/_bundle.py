@@ -95,20 +95,20 @@ class Bundle:
         self.cost = cost
         self.nbytes = nbytes
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def _args(self) -> tuple[Any, ...]:
         return (
-            Bundle,
-            (
-                self.worker,
-                self.payload,
-                self.count,
-                self.skips,
-                self.end,
-                self.error,
-                self.cost,
-                self.nbytes,
-            ),
+            self.worker,
+            self.payload,
+            self.count,
+            self.skips,
+            self.end,
+            self.error,
+            self.cost,
+            self.nbytes,
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Bundle, self._args())
 
     def pin_memory(self) -> Bundle:
         """The bundle with its tensors pinned (torch's pin thread calls this)."""
@@ -120,16 +120,7 @@ class Bundle:
             payload = Bundled(payload.name, payload.seq, entries)
         else:
             payload = _pin(payload)
-        return Bundle(
-            self.worker,
-            payload,
-            self.count,
-            self.skips,
-            self.end,
-            self.error,
-            self.cost,
-            self.nbytes,
-        )
+        return Bundle(self.worker, payload, *self._args()[2:])
 
 
 def bundles(
