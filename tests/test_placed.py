@@ -182,8 +182,8 @@ def test_a_span_of_a_place_carries_no_bytes_in_the_block(tmp_path):
     ring = _shm.Ring(slots=2, owner=attached.owner)
     try:
         packed = ring.pack([[{"x": v, "y": 1}]])
-        ((kind, _, spans),) = packed.entries
-        assert kind == _shm._VALUES
+        ((kind, _, _, spans),) = packed.entries
+        assert kind == _shm._SKELETON
         assert spans == [(_shm._PLACE, 7, len(data), v.place, None)]
         assert placed.unread(v)  # the worker did not read it
         (back,) = attached.unpack(packed)

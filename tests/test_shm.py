@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 
 import numpy as np
@@ -15,6 +16,7 @@ from shardpipes.dataloader2._shm import (
     _AS_IS,
     _INLINE,
     _PICKLED,
+    _SKELETON,
     _VALUES,
     MIN_BYTES,
     PREFIX,
@@ -47,9 +49,20 @@ def kind(bundled):
 
 
 def spans(bundled):
+    """Where the large values of a bundle of one item are in its block."""
     (entry,) = bundled.entries
-    assert entry[0] == _VALUES
-    return entry[2]
+    assert entry[0] in (_SKELETON, _VALUES)
+    return entry[3] if entry[0] == _SKELETON else entry[2]
+
+
+def skeleton(bundled, attached):
+    """The rest of the item: pickled into the block, or with the message if it holds tensors."""
+    (entry,) = bundled.entries
+    if entry[0] == _VALUES:
+        return entry[1]
+    assert entry[0] == _SKELETON
+    block = attached.reader(bundled).buf
+    return pickle.loads(block[entry[1] : entry[1] + entry[2]])
 
 
 def sent_as_is(bundled, batch):
@@ -69,8 +82,9 @@ def test_pack_and_unpack_give_back_the_same_batch():
     try:
         packed = pack(ring, batch)
         assert len(spans(packed)) == 2
-        skeleton = packed.entries[0][1]
-        assert all(len(v) < 100 for v in skeleton[0].values() if isinstance(v, bytes))
+        assert kind(packed) == _SKELETON  # the rest of the batch is in the block too
+        rest = skeleton(packed, attached)
+        assert all(len(v) < 100 for v in rest[0].values() if isinstance(v, bytes))
         back = unpack(attached, packed)
         assert back == batch and type(back) is DataChunk
         assert type(back[0][".bin"]) is bytes
@@ -96,7 +110,7 @@ def test_a_batch_larger_than_its_block_gets_a_larger_block():
         old = ring.blocks[1].name
         huge = [os.urandom(9 << 20)]
         packed = pack(ring, huge)
-        assert kind(packed) == _VALUES and packed.name != old and ring.blocks[1].size > 9 << 20
+        assert kind(packed) == _SKELETON and packed.name != old and ring.blocks[1].size > 9 << 20
         assert unpack(attached, packed) == huge
         # the old block is unmapped here and gone from /dev/shm
         assert old not in attached.blocks and old.lstrip("/") not in leftover_blocks(attached.owner)
@@ -120,7 +134,7 @@ def test_a_block_not_yet_copied_out_is_not_written_again():
         small = pack(ring, [1, 2])  # a batch for the block, none free: pickled with the message
         assert small.name is None and kind(small) == _INLINE and unpack(attached, small) == [1, 2]
         assert unpack(attached, packed) == first  # intact
-        assert kind(pack(ring, second)) == _VALUES  # copied out: the block is free again
+        assert kind(pack(ring, second)) == _SKELETON  # copied out: the block is free again
     finally:
         attached.close()
 
@@ -471,7 +485,7 @@ def test_tensors_and_arrays_are_lent_from_the_block_until_they_are_gone():
         assert first._base is None and first.is_contiguous()
         # the block is lent: the ring writes its other block, then has none free
         other = [torch.ones(5000)]
-        assert kind(pack(ring, other)) == _VALUES
+        assert kind(pack(ring, other)) == _SKELETON
         third = [torch.zeros(5000)]
         assert pack(ring, third).name is None  # no block free: with the message
         kept = first.clone()
@@ -482,7 +496,7 @@ def test_tensors_and_arrays_are_lent_from_the_block_until_they_are_gone():
         del first
         gc.collect()
         packed = pack(ring, third)  # every value gone: the block is free again
-        assert kind(packed) == _VALUES
+        assert kind(packed) == _SKELETON
         assert torch.equal(unpack(attached, packed)[0], third[0])
     finally:
         attached.close()
@@ -521,3 +535,21 @@ def test_workers_lend_tensors_and_batches_kept_by_the_loop_stay_exact():
                     assert torch.equal(s["img"], _image(s["i"])["img"]), (epoch, s["i"])
             del kept
     assert not leftover_blocks(owner)
+
+
+def test_a_block_is_chosen_by_what_its_values_take_once_aligned():
+    """Each value starts at a multiple of 64 bytes: thousands of 1-byte tensors take 64 each.
+    The block must be chosen by that, not by the values' own sizes, or writing runs past it."""
+    attached = Attachments()
+    ring = Ring(slots=1, owner=attached.owner)
+    try:
+        unpack(attached, pack(ring, [os.urandom(MIN_BYTES)]))  # an 8 MiB block, free again
+        bigs = [os.urandom(MIN_BYTES + 1) for _ in range(250)]  # 8.2 MB, 8.21 MB aligned
+        tiny = [torch.tensor([i % 256], dtype=torch.uint8) for i in range(3000)]  # 3 KB, 192 KB
+        packed = pack(ring, bigs + tiny)
+        assert kind(packed) == _SKELETON and ring.blocks[0].size > 8 << 20  # a larger block
+        back = unpack(attached, packed)
+        assert back[:250] == bigs
+        assert all(torch.equal(a, b) for a, b in zip(back[250:], tiny, strict=True))
+    finally:
+        attached.close()

@@ -39,7 +39,15 @@ import numpy as np
 from torch._utils import ExceptionWrapper
 from torch.utils.data._utils.pin_memory import pin_memory
 
-from shardpipes.dataloader2._shm import _INLINE, _PICKLED, Attachments, Bundled, Reader, Ring
+from shardpipes.dataloader2._shm import (
+    _INLINE,
+    _PICKLED,
+    _SKELETON,
+    Attachments,
+    Bundled,
+    Reader,
+    Ring,
+)
 
 __all__ = ["BUNDLE_BYTES", "BUNDLE_SECONDS", "MAX_BUNDLE", "Bundle", "Interleave", "bundles"]
 
@@ -52,7 +60,8 @@ BUNDLE_BYTES = 2 << 20
 #: Items in a bundle at most.
 MAX_BUNDLE = 16
 
-_NO_TENSORS = frozenset({_PICKLED, _INLINE})  # entries pickled with torch's tensors refused
+# entries pickled with torch's tensors refused, and values in a block: nothing to pin
+_NO_TENSORS = frozenset({_PICKLED, _INLINE, _SKELETON})
 
 
 class Bundle:

@@ -105,15 +105,19 @@ class _Ref:
 # (offset, size); an item whose large values are in the block (its skeleton, their spans); an
 # item pickled with the message (no free block); an item sent as it is (torch's queue pickles
 # it, sharing its tensors).
-_PICKLED, _VALUES, _INLINE, _AS_IS = 0, 1, 2, 3
+_PICKLED, _VALUES, _INLINE, _AS_IS, _SKELETON = 0, 1, 2, 3, 4
+_IN_BLOCK_PICKLED = frozenset({_PICKLED, _SKELETON})  # a pickle in the block
+_WITH_VALUES = frozenset({_SKELETON, _VALUES})  # large values in the block
 
 
 class Bundled:
     """A worker's items, written into shared-memory block ``name`` as its batch ``seq``.
 
-    ``entries`` has one per item: ``(_PICKLED, offset, nbytes)``, ``(_VALUES, skeleton,
-    spans)`` (a span is ``(kind, offset, nbytes, dtype, shape)``; ``dtype`` and ``shape`` are
-    ``None`` for ``bytes``), ``(_INLINE, pickled)`` or ``(_AS_IS, item)``. ``name`` is
+    ``entries`` has one per item: ``(_PICKLED, offset, nbytes)``, ``(_SKELETON, offset,
+    nbytes, spans)`` (the item pickled with placeholders for its large values, which are at
+    ``spans``; a span is ``(kind, offset, nbytes, dtype, shape)``, ``dtype`` and ``shape``
+    ``None`` for ``bytes``), ``(_VALUES, skeleton, spans)`` (the same, the skeleton with the
+    message: it holds tensors for torch's queue), ``(_INLINE, pickled)`` or ``(_AS_IS, item)``. ``name`` is
     ``None`` when no block was free or needed: then there are only the last two kinds.
     """
 
@@ -426,16 +430,26 @@ class Ring:
             # pin thread must see the tensors it may hold (pin_memory: whole=False).
             if not self.whole or not isinstance(item, list):
                 return (_AS_IS, item)
-            out = io.BytesIO()
-            pickler = pickle.Pickler(out)
-            pickler.dispatch_table = self._table
-            try:
-                pickler.dump(item)
-            except _HoldsTensors:
-                return (_AS_IS, item)  # torch's queue shares its tensors as it always did
-            return (_PICKLED, out.getbuffer())
+            data = self._dumps(item)
+            # torch's queue shares the tensors of an item that has some, as it always did
+            return (_AS_IS, item) if data is None else (_PICKLED, data)
         found: list[Any] = []
-        return (_VALUES, _swap(item, 2, found, {}, self.leaves), found)
+        skeleton = _swap(item, 2, found, {}, self.leaves)
+        # The rest of the item goes into the block too, pickled (through torch's queue, 16
+        # skeletons of 64 samples filled its 64 KB pipe, and were all unpickled at once).
+        data = self._dumps(skeleton) if self.whole else None
+        return (_VALUES, skeleton, found) if data is None else (_SKELETON, data, found)
+
+    def _dumps(self, obj: Any) -> memoryview | None:
+        """``obj`` pickled as torch's queue would, or ``None`` if it holds a tensor."""
+        out = io.BytesIO()
+        pickler = pickle.Pickler(out)
+        pickler.dispatch_table = self._table
+        try:
+            pickler.dump(obj)
+        except _HoldsTensors:
+            return None
+        return out.getbuffer()
 
     def seal(self, entries: list[tuple[Any, ...]]) -> Bundled:
         """The :meth:`prepare` d items, written into the next free block.
@@ -447,10 +461,7 @@ class Ring:
         self.packed_bytes = -1 if -1 in sizes else sum(sizes)
         if all(e[0] == _AS_IS for e in entries):
             return Bundled(None, 0, entries)
-        block = self._free_block(
-            _HEADER_SIZE
-            + sum(_aligned(n) for e, n in zip(entries, sizes, strict=True) if e[0] != _AS_IS)
-        )
+        block = self._free_block(_HEADER_SIZE + sum(_block_bytes(e) for e in entries))
         if block is None:  # every block is still in use: the items go with the message
             return Bundled(None, 0, [_inline(e) for e in entries])
         buf = cast(memoryview, block.buf)  # None only after close()
@@ -461,12 +472,12 @@ class Ring:
         held: list[Any] = []
         for entry in entries:
             kind = entry[0]
-            if kind == _PICKLED:
+            if kind in _IN_BLOCK_PICKLED:
                 data = entry[1]
                 buf[at : at + len(data)] = data
-                written.append((_PICKLED, at, len(data)))
+                where = (at, len(data))
                 at += _aligned(len(data))
-            elif kind == _VALUES:
+            if kind in _WITH_VALUES:
                 spans = []
                 for x in entry[2]:
                     span = _write(buf, at, x)
@@ -474,6 +485,11 @@ class Ring:
                     at += _aligned(_nbytes(x))
                     if span[0] == _PLACE:
                         held.append(x.held)
+            if kind == _PICKLED:
+                written.append((_PICKLED, *where))
+            elif kind == _SKELETON:
+                written.append((_SKELETON, *where, spans))
+            elif kind == _VALUES:
                 written.append((_VALUES, entry[1], spans))
             else:
                 written.append(entry)
@@ -501,11 +517,18 @@ def _entry_size(entry: tuple[Any, ...]) -> int:
     turn comes, not when the block arrives.
     """
     kind = entry[0]
-    if kind == _PICKLED:
-        return len(entry[1])
-    if kind == _VALUES:
-        return sum(_nbytes(x) for x in entry[2])
-    return -1 if _large(entry[1], 2, _LEAVES) else 0  # large values left to torch's queue
+    if kind == _AS_IS:
+        return -1 if _large(entry[1], 2, _LEAVES) else 0  # large values left to torch's queue
+    return _block_bytes(entry)
+
+
+def _block_bytes(entry: tuple[Any, ...]) -> int:
+    """Exactly what a prepared entry takes in a block, each part aligned as it is written."""
+    kind = entry[0]
+    n = _aligned(len(entry[1])) if kind in _IN_BLOCK_PICKLED else 0
+    if kind in _WITH_VALUES:
+        n += sum(_aligned(_nbytes(x)) for x in entry[2])
+    return n
 
 
 def _inline(entry: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -515,6 +538,8 @@ def _inline(entry: tuple[Any, ...]) -> tuple[Any, ...]:
         return (_INLINE, bytes(entry[1]))
     if kind == _VALUES:
         return (_AS_IS, _restore(entry[1], 2, entry[2]))
+    if kind == _SKELETON:
+        return (_AS_IS, _restore(pickle.loads(entry[1]), 2, entry[2]))
     return entry
 
 
@@ -637,6 +662,9 @@ class Reader:
             buf = cast(memoryview, self.buf)
             if kind == _PICKLED:
                 out = pickle.loads(buf[entry[1] : entry[1] + entry[2]])
+            elif kind == _SKELETON:
+                skeleton = pickle.loads(buf[entry[1] : entry[1] + entry[2]])
+                out = self._values(buf, skeleton, entry[3])
             else:
                 out = self._values(buf, entry[1], entry[2])
             _check_written(buf, self.name, self.seq)
