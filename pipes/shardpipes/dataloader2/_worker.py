@@ -186,8 +186,9 @@ class WorkerDataset(IterableDataset[Any]):
         return flows_to_list(read_flows(self._flows))
 
     # The skip counters of the worker's copy of the graph reach the main process with the
-    # bundles, made only when their sum moved. The counters were found once (walking the graph
-    # per batch cost ~15% of a worker's time on small samples).
+    # bundles, made only when their sum moved (_skip_total, _skip_state). The counters were
+    # found once (walking the graph per batch cost ~15% of a worker's time on small samples).
+    # StatefulDataLoader, its per-item snapshots off, still asks for this at a worker's epoch end.
     def state_dict(self) -> dict[str, Any]:
         """Return this worker's skip counters."""
         return {"skipped": skips_to_dict(merge_skips(self._counters))}
