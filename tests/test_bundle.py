@@ -198,7 +198,9 @@ def test_a_loader_yields_the_same_batches_and_counts_whatever_the_bundle_size(mo
     assert [b for e, b, _ in one if e == 0] == [b for e, b, _ in one if e == 1]
 
 
-def test_bundles_grow_on_a_real_loader_and_messages_are_fewer(monkeypatch):
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_bundles_grow_on_a_real_loader_and_messages_are_fewer(monkeypatch, context):
+    """The size the main process sets reaches the workers, whether forked or spawned."""
     monkeypatch.setattr(_bundle, "BUNDLE_SECONDS", 1e9)
     taken = []
     take = Interleave._take
@@ -209,7 +211,7 @@ def test_bundles_grow_on_a_real_loader_and_messages_are_fewer(monkeypatch):
 
     monkeypatch.setattr(Interleave, "_take", counting)
     dp = IterableWrapper(range(2000)).sharding_filter().batch(4)
-    rs = MultiProcessingReadingService(num_workers=2)
+    rs = MultiProcessingReadingService(num_workers=2, multiprocessing_context=context)
     with DataLoader2(dp, reading_service=rs) as dl:
         assert sorted(x for b in dl for x in b) == list(range(2000))
         assert int(rs._slot.bundle[0]) == MAX_BUNDLE

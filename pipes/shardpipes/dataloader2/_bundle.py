@@ -16,8 +16,9 @@ shared memory before each bundle it starts (:attr:`EpochSlot.bundle
 to the smallest power of two of items that take a worker about :data:`BUNDLE_SECONDS` to make
 (so the message's own cost is a few percent of the work it carries), and no more than hold
 :data:`BUNDLE_BYTES` in shared memory (heavy batches, decoded images, go one per message as
-before). What an item takes to make is the worker's average over its epoch so far: a
-shuffle buffer makes the first batches of an epoch dear and the last ones nearly free.
+before). What an item takes to make is the worker's average over its epoch so far, its
+first bundle left out: a shuffle buffer makes the first batch of an epoch dear and the last
+ones nearly free.
 The same size for every worker matters: torch deals out messages round-robin, so a worker
 whose bundles were larger than another's would pile up items in the main process; while the
 size grows, workers may read it a bundle apart, which leaves at most :data:`MAX_BUNDLE` items
@@ -77,7 +78,9 @@ class Bundle:
             where they changed.
         end: The worker's drop totals, when its epoch ends after these items; else ``None``.
         error: The error its graph raised after these items (then no more come); else ``None``.
-        cost: Seconds an item took the worker to make, on average over its epoch so far.
+        cost: Seconds an item took the worker to make, on average over its epoch so far (but
+            for its first bundle, which pays for filling the graph's buffers: a shuffle buffer
+            of 1,000 samples makes the first batch cost what 16 do).
         nbytes: Bytes the items took in shared memory or are read from their shards; ``-1``
             when they were sent otherwise (through torch's queue).
     """
@@ -149,7 +152,7 @@ def bundles(
     items made before it are sent, then the error (as torch's worker loop would send it).
     """
     seen = skip_total()
-    made, spent = 0, 0.0
+    made, spent = -1, 0.0
     while True:
         want = int(size[0])
         out: list[Any] = []
@@ -176,14 +179,19 @@ def bundles(
             total = skip_total()
             if total != seen:
                 skips.append((len(out), skip_state()))
-        made += len(out)
-        spent += time.perf_counter() - start
+        took = time.perf_counter() - start
+        if made < 0:  # the epoch's first bundle pays for filling buffers: not in the average
+            made, cost = 0, took / max(len(out), 1)
+        else:
+            made += len(out)
+            spent += took
+            cost = spent / max(made, 1)
         payload: Any = out
         nbytes = -1
         if ring is not None:
             payload = ring.seal(out)
             nbytes = ring.packed_bytes
-        yield Bundle(worker, payload, len(out), skips, ended, error, spent / max(made, 1), nbytes)
+        yield Bundle(worker, payload, len(out), skips, ended, error, cost, nbytes)
         if ended is not None or error is not None:
             return
 
