@@ -378,7 +378,7 @@ class Ring:
         # The files of the members a block's batch sent by their place, held open until the
         # main process gives the block back (it has read them then): formats/placed.py.
         self.held: dict[str, list[Any]] = {}
-        self.packed_bytes = -1  # of the last pack()
+        self.packed_bytes = -1  # of the last seal()
 
     def _block(self, slot: int, size: int) -> shared_memory.SharedMemory | None:
         """The block of ``slot`` if it is free and holds ``size`` bytes (a new one if need be)."""
@@ -454,8 +454,8 @@ class Ring:
     def seal(self, entries: list[tuple[Any, ...]]) -> Bundled:
         """The :meth:`prepare` d items, written into the next free block.
 
-        :attr:`packed_bytes` is then what the block holds, with the members the main process
-        reads from their shards, or ``-1`` if an item holds large values sent otherwise.
+        :attr:`packed_bytes` is then what they take in a block (placed members take nothing),
+        or ``-1`` if an item holds large values sent another way (torch's queue).
         """
         sizes = [_entry_size(e) for e in entries]
         self.packed_bytes = -1 if -1 in sizes else sum(sizes)
