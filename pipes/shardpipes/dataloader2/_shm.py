@@ -457,11 +457,14 @@ class Ring:
         :attr:`packed_bytes` is then what they take in a block (placed members take nothing),
         or ``-1`` if an item holds large values sent another way (torch's queue).
         """
-        sizes = [_entry_size(e) for e in entries]
-        self.packed_bytes = -1 if -1 in sizes else sum(sizes)
+        need = sum(_block_bytes(e) for e in entries)
+        # An item sent as it is takes nothing here, unless it holds values for a block (tensors
+        # under pin_memory): their size is not counted, so it is said to be unknown.
+        unknown = any(e[0] == _AS_IS and _large(e[1], 2, _LEAVES) for e in entries)
+        self.packed_bytes = -1 if unknown else need
         if all(e[0] == _AS_IS for e in entries):
             return Bundled(None, 0, entries)
-        block = self._free_block(_HEADER_SIZE + sum(_block_bytes(e) for e in entries))
+        block = self._free_block(_HEADER_SIZE + need)
         if block is None:  # every block is still in use: the items go with the message
             return Bundled(None, 0, [_inline(e) for e in entries])
         buf = cast(memoryview, block.buf)  # None only after close()
@@ -510,20 +513,12 @@ class Ring:
         return None
 
 
-def _entry_size(entry: tuple[Any, ...]) -> int:
-    """What a prepared entry takes in a block.
+def _block_bytes(entry: tuple[Any, ...]) -> int:
+    """Exactly what a prepared entry takes in a block, each part aligned as it is written.
 
     A placed member takes nothing: the main process reads it from its shard when its item's
     turn comes, not when the block arrives.
     """
-    kind = entry[0]
-    if kind == _AS_IS:
-        return -1 if _large(entry[1], 2, _LEAVES) else 0  # large values left to torch's queue
-    return _block_bytes(entry)
-
-
-def _block_bytes(entry: tuple[Any, ...]) -> int:
-    """Exactly what a prepared entry takes in a block, each part aligned as it is written."""
     kind = entry[0]
     n = _aligned(len(entry[1])) if kind in _IN_BLOCK_PICKLED else 0
     if kind in _WITH_VALUES:

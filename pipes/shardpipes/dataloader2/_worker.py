@@ -191,7 +191,7 @@ class WorkerDataset(IterableDataset[Any]):
     # StatefulDataLoader, its per-item snapshots off, still asks for this at a worker's epoch end.
     def state_dict(self) -> dict[str, Any]:
         """Return this worker's skip counters."""
-        return {"skipped": skips_to_dict(merge_skips(self._counters))}
+        return {"skipped": self._skip_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Nothing to restore: the loader resumes by replay, not from worker snapshots."""

@@ -291,8 +291,8 @@ def read_at(place: Place, offset: int, size: int) -> bytes:
     finally:
         with _lock:
             f.users -= 1
-            if f.closing and not f.users:
-                os.close(f.fd)
+            if f.closing:  # evicted while this read used it: closed by the last read out
+                f.let_go()
     if len(data) != size:
         raise ShardReadError(
             f"{place.url}: the file ends before the {size} bytes at byte offset {offset} "
