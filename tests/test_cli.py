@@ -269,7 +269,7 @@ def test_bench_profile_prints_the_cost_of_each_stage(shard_pattern, capsys):
     cumulative = [float(r[1]) for r in rows]
     own = [float(r[2]) for r in rows]
     assert all(c > 0 for c in cumulative)
-    assert abs(sum(own) - cumulative[-1]) < 0.2  # the own costs add up to the total
+    assert abs(sum(own) - cumulative[-1]) < 1e-6  # the own column adds up to the total printed
     assert re.search(r"total: [\d.]+ us per sample = [\d,]+ samples per CPU-second", out)
 
 

@@ -151,7 +151,12 @@ def print_profile(dp: Any) -> None:
     """Print :func:`stage_profile` of ``dp`` as a table."""
     rows = stage_profile(dp)
     print("stage | CPU us per sample (cumulative) | own")
-    for label, cum, own in rows:
+    shown = 0.0
+    for label, cum, _own in rows:
+        # own is the difference of the cumulative figures as printed, so the column adds up
+        # to the total a reader sees (rounding each own cost on its own could miss it by 0.2)
+        own = round(cum, 1) - shown
+        shown = round(cum, 1)
         print(f"{label} | {cum:.1f} | {own:+.1f}")
     if rows:
         print(
