@@ -210,6 +210,17 @@ def targets(preset: str, rows: dict, workers: int) -> list[str]:
             spw / sp0 if spw and sp0 else None,
             1.7,
         )
+        # the per-sample issue: 1.2x LitData per CPU-second in-process, ahead with workers,
+        # for the README graph and the same graph with the index
+        for ours_row in ("shardpipes", "shardpipes_idx"):
+            for mode, goal in ((0, 1.2), (workers, 1.0)):
+                a = _get(rows, ours_row, mode, "samples_per_cpu_s")
+                b = _get(rows, "litdata", mode, "samples_per_cpu_s")
+                line(
+                    f"small {mode_name(mode)} per CPU-second: {ours_row} vs litdata",
+                    a / b if a and b else None,
+                    goal,
+                )
     if preset in ("jpeg", "quickjpeg"):
         for mode in (0, workers):
             ours = _get(rows, "shardpipes_fused", mode, "samples_per_cpu_s")
