@@ -254,3 +254,68 @@ def test_with_a_timeout_workers_send_one_item_per_message(monkeypatch):
     with DataLoader2(dp, reading_service=rs) as dl:
         assert sorted(x for b in dl for x in b) == list(range(400))
         assert int(rs._slot.bundle[0]) == 1
+
+
+def _payload(i: int) -> dict:
+    return {"i": i, "x": bytes(20_000)}  # large enough to go into the worker's blocks
+
+
+def test_blocks_of_messages_dropped_unread_go_back_to_the_worker(monkeypatch):
+    """A loop that leaves each epoch early (a validation limit, ``limit_train_batches``) makes
+    torch drain the messages in flight when the pool starts the next epoch: their blocks go
+    back to the worker, which keeps sending batches through its blocks (before, after a few
+    such epochs every batch was pickled)."""
+    from shardpipes.dataloader2 import _shm
+
+    kinds = []
+    reader = _shm.Attachments.reader
+
+    def seeing(self, bundled):
+        kinds.append(bundled.name is not None)
+        return reader(self, bundled)
+
+    monkeypatch.setattr(_shm.Attachments, "reader", seeing)
+    dp = IterableWrapper(range(2000)).sharding_filter().map(_payload).batch(8)
+    rs = MultiProcessingReadingService(num_workers=1)
+    with DataLoader2(dp, reading_service=rs) as dl:
+        for _ in range(12):  # far more epochs than the worker has blocks
+            for step, _batch in enumerate(dl):
+                if step == 3:
+                    break
+        kinds.clear()
+        assert sorted(s["i"] for b in dl for s in b) == list(range(2000))
+    assert kinds and all(kinds)  # every message of the whole epoch through a block
+
+
+def test_a_message_dropped_unread_frees_its_block_and_a_read_one_waits_for_its_values():
+    import pickle
+
+    from shardpipes.dataloader2._shm import _SEQ, Ring
+
+    ring = Ring(2, Attachments().owner)
+    attached = Attachments()
+    try:
+        sent = ring.pack([np.arange(100_000)])
+        block = next(b for b in ring.blocks if b is not None and b.name == sent.name)
+        head, seq = block.buf, sent.seq
+
+        def free():
+            return _SEQ.unpack_from(head, 8)[0] == seq
+
+        received = pickle.loads(pickle.dumps(sent))
+        del received  # dropped unread: the block is free
+        assert free()
+        _SEQ.pack_into(head, 8, -1)  # as if busy again, to see the next one
+        received = pickle.loads(pickle.dumps(sent))
+        value = attached.reader(received).load(0)
+        del received
+        assert not free()  # read, and its array lent from the block still lives
+        assert value.sum() == sum(range(100_000))
+        del value
+        assert free()
+        del sent  # the worker's own copy gives nothing back
+    finally:
+        attached.close()
+        for b in ring.blocks:
+            if b is not None:
+                b.close()

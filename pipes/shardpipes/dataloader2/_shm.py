@@ -54,6 +54,7 @@ import contextlib
 import copyreg
 import io
 import logging
+import mmap
 import os
 import pickle
 import secrets
@@ -121,15 +122,25 @@ class Bundled:
     ``None`` when no block was free or needed: then there are only the last two kinds.
     """
 
-    __slots__ = ("entries", "name", "seq")
+    __slots__ = ("entries", "name", "read", "seq")
 
     def __init__(self, name: str | None, seq: int, entries: list[tuple[Any, ...]]) -> None:
         self.name = name
         self.seq = seq
         self.entries = entries
+        # In the main process (_received): False until a Reader takes it. None: a worker's.
+        self.read: bool | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Bundled, (self.name, self.seq, self.entries))
+        return (_received, (self.name, self.seq, self.entries))
+
+    def __del__(self) -> None:
+        # A message the main process received and dropped unread (torch drains the queue
+        # when a persistent pool starts its next epoch, after a loop left the last one
+        # early): its block goes back to the worker, which would otherwise never reuse it
+        # (after a few such epochs every batch was pickled instead).
+        if self.read is False and self.name is not None:
+            _give_back_by_name(self.name, self.seq)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -312,6 +323,34 @@ def _lent(lease: np.ndarray, span: tuple[Any, ...]) -> Any:
     if not n:
         return np.empty(shape, dtype=dtype)
     return np.frombuffer(lease, dtype=dtype, count=n // dtype.itemsize, offset=at).reshape(shape)
+
+
+def _received(name: str | None, seq: int, entries: list[tuple[Any, ...]]) -> Bundled:
+    """A :class:`Bundled` as the main process unpickles it: given back if dropped unread."""
+    bundled = Bundled(name, seq, entries)
+    bundled.read = False
+    return bundled
+
+
+def _give_back_by_name(name: str, seq: int) -> None:
+    """Mark block ``name`` free of batch ``seq``, which nothing read (see ``Bundled.__del__``).
+
+    The block is opened by its name and only its first 16 bytes mapped, without a
+    ``SharedMemory`` (which would register the name with the resource tracker a second time;
+    the loader removes its blocks itself).
+    """
+    try:
+        fd = shared_memory._posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)  # type: ignore[attr-defined]
+    except Exception:  # removed since (the loader closed, the worker replaced it)
+        return
+    try:
+        with mmap.mmap(fd, _SEQ.size * 2) as head:
+            if _SEQ.unpack_from(head, 0)[0] == seq:  # not written again since (never should be)
+                _SEQ.pack_into(head, 8, seq)
+    except Exception:  # in __del__ (also at interpreter exit): never raise
+        pass
+    finally:
+        os.close(fd)
 
 
 def _check_written(buf: memoryview, name: str, seq: int) -> None:
@@ -582,6 +621,7 @@ class Attachments:
 
     def reader(self, bundled: Bundled) -> Reader:
         """Reads the items of ``bundled`` one by one (:meth:`Reader.load`)."""
+        bundled.read = True
         block = None
         if bundled.name is not None:
             block = self.blocks.get(bundled.name)
