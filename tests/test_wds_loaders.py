@@ -114,3 +114,22 @@ def test_pil_decode_is_rgb_for_grayscale_jpeg(tmp_path):
     assert img.mode == "RGB"
     [arr] = [s["jpg"] for s in wds.WebDataset(urls, shardshuffle=False).decode("l8").slice(1)]
     assert arr.shape == (8, 8)
+
+
+def _main_shuffled(urls, seed, passes):
+    dataset = wds.WebDataset(urls, shardshuffle=False).to_tuple("__key__").batched(4)
+    loader = wds.WebLoader(dataset, batch_size=None, num_workers=0, seed=seed)
+    loader = loader.unbatched().shuffle(16).batched(4)
+    return [[key for batch in loader for key in batch[0]] for _ in range(passes)]
+
+
+def test_a_shuffle_on_the_loader_is_seeded_by_the_loader(clip_shards):
+    first = _main_shuffled(clip_shards, seed=3, passes=2)
+    again = _main_shuffled(clip_shards, seed=3, passes=2)
+    other = _main_shuffled(clip_shards, seed=4, passes=1)
+    plain = [k[0] for k in wds.WebDataset(clip_shards, shardshuffle=False).to_tuple("__key__")]
+    assert sorted(first[0]) == sorted(first[1]) == sorted(plain)  # every sample, once
+    assert first[0] != plain  # shuffled
+    assert first == again  # the same seed: the same order, run after run
+    assert first[0] != first[1]  # a new order each pass
+    assert first[0] != other[0]

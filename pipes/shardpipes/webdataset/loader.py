@@ -35,6 +35,7 @@ from shardpipes.dataloader2 import (
 from shardpipes.datapipes.iter import FullSync
 from shardpipes.datapipes.iter.base import StageIterDataPipe
 from shardpipes.errors import ShardpipesWarning
+from shardpipes.plan.seeds import buffered_shuffle, derive_seed
 from shardpipes.webdataset._stages import Batcher, Collate
 from shardpipes.webdataset.pipeline import FluidInterface
 
@@ -55,6 +56,32 @@ class _Items(StageIterDataPipe[Any]):
 
     def __iter__(self) -> Iterator[Any]:
         yield from self.loader._chain()
+
+
+class _MainShuffle:
+    """``loader.shuffle(n)``: a buffered shuffle after the pool, seeded by the loader.
+
+    One object per stage, shared by the loaders ``compose`` makes from it; each call (one pass
+    over the loader) takes the next pass number. The seed is derived from the loader's seed,
+    the stage's place in the loader's stages, the pass and the rank.
+    """
+
+    def __init__(self, seed: int, place: int, size: int) -> None:
+        self.seed = seed
+        self.place = place
+        self.size = size
+        self.passes = 0
+
+    def __call__(self, data: Iterator[Any]) -> Iterator[Any]:
+        rank = dist.get_rank() if _distributed() else 0
+        seed = derive_seed([self.seed, _MAIN_SHUFFLE, self.place, self.passes, rank])
+        self.passes += 1
+        if self.size <= 1:
+            return data
+        return buffered_shuffle(data, seed, self.size)
+
+
+_MAIN_SHUFFLE = 0x57E1  # sets these seeds apart from the plan's
 
 
 class WebLoader(FluidInterface):
@@ -182,6 +209,20 @@ class WebLoader(FluidInterface):
         # (persistent_workers=False) is seen by all of them.
         self._box: list[DataLoader2[Any] | None] = [None]
         self._group: Any = None
+
+    def shuffle(self, size: int, **kw: Any) -> Any:
+        """Shuffle items in the main process in a buffer of ``size`` (no-op for ``size < 1``).
+
+        Seeded by the loader: its ``seed``, the pass over the loader (a new order each pass,
+        the same orders run after run) and the rank. webdataset seeds this shuffle from the
+        time and the process id (another order every run); ``rng=``/``seed=`` seed it as in
+        webdataset.
+        """
+        if size < 1:
+            return self
+        if kw.get("rng") is not None or kw.get("seed") is not None:
+            return super().shuffle(size, **kw)
+        return self.compose(_MainShuffle(self.seed, len(self.pipeline), size))
 
     def compose(self, *args: Any) -> WebLoader:
         """A loader with ``args`` appended to its main-process stages (shares the worker pool)."""
