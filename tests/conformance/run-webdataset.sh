@@ -36,9 +36,9 @@ if ! tar tzf testdata/imagenet-000000.tgz >/dev/null 2>&1; then
     python "$here/make_webdataset_testdata.py" testdata/imagenet-000000.tgz
 fi
 sed -i -E \
-    -e 's/^import webdataset as wds/import shardpipes.webdataset as wds/' \
-    -e 's/^from webdataset(\.| )/from shardpipes.webdataset\1/' \
-    -e 's/^import webdataset$/import shardpipes.webdataset as webdataset/' \
+    -e 's/^( *)import webdataset as wds/\1import shardpipes.webdataset as wds/' \
+    -e 's/^( *)from webdataset(\.| )/\1from shardpipes.webdataset\2/' \
+    -e 's/^( *)import webdataset$/\1import shardpipes.webdataset as webdataset/' \
     tests/*.py
 files=()
 deselect=()

@@ -25,6 +25,7 @@ from shardpipes.webdataset.autodecode import (
 from shardpipes.webdataset.compat import FluidInterface, FluidWrapper, WebDataset
 from shardpipes.webdataset.filters import (
     Cached,
+    LMDBCached,
     batched,
     decode,
     detshuffle,
@@ -89,6 +90,7 @@ __all__ = [
     "DecodingError",
     "FluidInterface",
     "FluidWrapper",
+    "LMDBCached",
     "MockDataset",
     "PipelineStage",
     "RandomMix",

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from shardpipes.formats import tenbin
 from shardpipes.formats.decoders import DECODERS, PICKLE_DECODERS, decode_npy, decode_npz
 from shardpipes.formats.decoders import decoders as registry_decoders
 from shardpipes.webdataset import utils
@@ -151,9 +152,7 @@ def torch_loads(data: bytes) -> Any:
 
 
 def tenbin_loads(data: bytes) -> Any:
-    """Decode webdataset's tenbin format (needs the ``webdataset`` package)."""
-    from webdataset import tenbin  # type: ignore[import-not-found]
-
+    """Decode webdataset's tenbin format: a list of numpy arrays (:mod:`shardpipes.formats.tenbin`)."""
     return tenbin.decode_buffer(data)
 
 

@@ -26,7 +26,13 @@ from shardpipes.webdataset._curry import FilterFunction, RestCurried, pipelinefi
 from shardpipes.webdataset.handlers import reraise_exception
 
 # webdataset defines these in filters, and code imports them from there (the private ones too).
-from shardpipes.webdataset.keyfilters import Cached, extract_keys, rename_keys, xdecode
+from shardpipes.webdataset.keyfilters import (
+    Cached,
+    LMDBCached,
+    extract_keys,
+    rename_keys,
+    xdecode,
+)
 from shardpipes.webdataset.keyfilters import _extract_keys as _extract_keys
 from shardpipes.webdataset.keyfilters import _rename_keys as _rename_keys
 from shardpipes.webdataset.keyfilters import _xdecode as _xdecode
@@ -34,6 +40,7 @@ from shardpipes.webdataset.keyfilters import _xdecode as _xdecode
 __all__ = [
     "Cached",
     "FilterFunction",
+    "LMDBCached",
     "RestCurried",
     "batched",
     "decode",

@@ -1,10 +1,12 @@
-"""webdataset's field-pattern stages: ``extract_keys``, ``rename_keys``, ``xdecode``, and ``Cached``."""
+"""webdataset's field-pattern stages: ``extract_keys``, ``rename_keys``, ``xdecode``; ``Cached`` and ``LMDBCached``."""
 
 from __future__ import annotations
 
+import importlib
 import io
 import pickle
 import re
+import types
 from collections.abc import Iterable, Iterator
 from fnmatch import fnmatch
 from typing import Any
@@ -15,6 +17,7 @@ from shardpipes.webdataset._curry import pipelinefilter
 __all__ = [
     "Cached",
     "ExtractKeys",
+    "LMDBCached",
     "RenameKeys",
     "XDecode",
     "default_decoders",
@@ -219,3 +222,101 @@ class Cached(utils.PipelineStage):
             temp.append(sample)
             yield sample
         self.cached = temp
+
+
+class LMDBCached(utils.PipelineStage):
+    """Record the first whole pass in an LMDB database at ``fname``; later passes replay it.
+
+    webdataset's ``LMDBCached`` (``.lmdb_cached(fname)``; needs ``lmdb``), with two differences:
+
+    - Samples are stored under their position in the pass, not under ``__key__``: two samples
+      with one key (two shards that both name theirs ``000000``) are both kept, and a replay
+      yields the samples in the order of the pass that recorded them (webdataset stores by
+      key, so one of the two is lost and a replay comes in key order).
+    - One reader only: the database is one file, and with several readers (worker processes,
+      ranks) each would record its own share and the first to finish would mark it complete,
+      so a replay would miss the rest. Under more than one reader, iterating raises
+      ``ValueError``; ``mcached()`` keeps a copy per reader in memory instead.
+
+    A pass that stops early leaves the database incomplete; the next pass records again. The
+    samples are pickled (``pickler``): point ``fname`` only at a database this code wrote.
+    """
+
+    def __init__(
+        self, fname: str, map_size: float = 1e12, pickler: Any = pickle, chunksize: int = 500
+    ) -> None:
+        import lmdb  # noqa: F401  (fails here, as in webdataset, when lmdb is not installed)
+
+        self.fname = fname
+        self.map_size = int(map_size)
+        self.pickler = pickler
+        self.chunksize = chunksize
+        self._db: Any = None  # opened in the process that iterates (an LMDB handle does not fork)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # For worker processes and DataLoader2's copy of the graph: no database handle, and a
+        # pickler module (the default, pickle) by its name.
+        state = dict(self.__dict__)
+        state["_db"] = None
+        if isinstance(self.pickler, types.ModuleType):
+            state["pickler"] = _ByName(self.pickler.__name__)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if isinstance(state["pickler"], _ByName):
+            state["pickler"] = importlib.import_module(state["pickler"].name)
+        self.__dict__.update(state)
+
+    def _env(self) -> Any:
+        if self._db is None:
+            import lmdb
+
+            self._db = lmdb.open(self.fname, readonly=False, map_size=self.map_size)
+        return self._db
+
+    def is_complete(self) -> bool:
+        """Whether a whole pass has been recorded."""
+        with self._env().begin(write=False) as txn:
+            return txn.get(_COMPLETE) is not None
+
+    def add_samples(self, samples: Iterable[tuple[bytes, Any]]) -> None:
+        """Store ``(key, sample)`` pairs in one transaction."""
+        with self._env().begin(write=True) as txn:
+            for key, sample in samples:
+                txn.put(key, self.pickler.dumps(sample))
+
+    def run(self, source: Iterable[Any]) -> Iterator[Any]:
+        """Replay the recorded pass, or record this one while yielding it."""
+        rank, world, _, workers = utils.pytorch_worker_info()
+        if world * workers > 1:
+            raise ValueError(
+                f"LMDBCached({self.fname!r}) records one reader's pass, and this pass has "
+                f"{world * workers} readers ({world} rank(s) x {workers} worker(s)): each "
+                "would record only its share; use one reader, or mcached() (a copy per reader)"
+            )
+        if self.is_complete():
+            with self._env().begin(write=False) as txn:
+                for key, value in txn.cursor():
+                    if key != _COMPLETE:
+                        yield self.pickler.loads(value)
+            return
+        with self._env().begin(write=True) as txn:
+            txn.drop(self._env().open_db(txn=txn), delete=False)  # an unfinished pass's
+        buffer: list[tuple[bytes, Any]] = []
+        for i, sample in enumerate(source):
+            buffer.append((b"%012d" % i, sample))
+            if len(buffer) >= self.chunksize:
+                self.add_samples(buffer)
+                buffer = []
+            yield sample
+        self.add_samples(buffer)
+        with self._env().begin(write=True) as txn:
+            txn.put(_COMPLETE, b"1")
+
+
+_COMPLETE = b"_"  # sorts after the zero-padded positions
+
+
+class _ByName:
+    def __init__(self, name: str) -> None:
+        self.name = name

@@ -113,6 +113,10 @@ class FluidInterface:
         """Cache the samples in memory after the first pass."""
         return self.compose(filters.Cached())
 
+    def lmdb_cached(self, *args: Any, **kw: Any) -> Any:
+        """Record the first whole pass in an LMDB database and replay it (``filters.LMDBCached``)."""
+        return self.compose(filters.LMDBCached(*args, **kw))
+
     def xdecode(self, *args: Any, **kw: Any) -> Any:
         """Decode by glob patterns of field names."""
         return self.compose(filters.xdecode(*args, **kw))

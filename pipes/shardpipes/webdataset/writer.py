@@ -2,7 +2,9 @@
 
 Values are encoded by extension as webdataset encodes them (images by PIL for ``jpg``/``png``/
 ..., numbers for ``cls``, JSON, ``npy``, ...); ``bytes`` and ``str`` are written as they are.
-Pickle and ``torch.save`` encoders exist for ``pyd``/``pickle``/``pth`` as in webdataset.
+Pickle and ``torch.save`` encoders exist for ``pyd``/``pickle``/``pth`` as in webdataset, tenbin
+for ``ten``/``tenbin``/``tb``, msgpack for ``mp``/``msgpack``/``msg`` and CBOR for ``cbor``
+(those two need their packages, as in webdataset).
 Local shards from ``ShardWriter`` are written under ``<name>.partial`` and renamed when
 complete, as :class:`shardpipes.writer.ShardWriter` does, so a reader never sees half a shard.
 """
@@ -23,6 +25,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from shardpipes.formats import tenbin
 from shardpipes.formats.compression import CODECS, by_suffix
 from shardpipes.formats.stream import raw_bytes
 from shardpipes.formats.tarwrite import TarMemberWriter
@@ -32,7 +35,17 @@ from shardpipes.writer import ClosesOnExit, ShardSeries, encode_value
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ShardWriter", "TarWriter", "imageencoder", "make_encoder", "numpy_dumps", "torch_dumps"]
+__all__ = [
+    "ShardWriter",
+    "TarWriter",
+    "cbor_dumps",
+    "imageencoder",
+    "make_encoder",
+    "mp_dumps",
+    "numpy_dumps",
+    "tenbin_dumps",
+    "torch_dumps",
+]
 
 
 def imageencoder(image: Any, format: str = "PNG") -> bytes:
@@ -98,6 +111,25 @@ def _json(x: Any) -> bytes:
     return json.dumps(x).encode("utf-8")
 
 
+def tenbin_dumps(x: Any) -> bytes:
+    """An array, or a list of arrays, in webdataset's tenbin format (``.ten``/``.tb``)."""
+    return bytes(tenbin.encode_buffer(x if isinstance(x, list) else [x]))
+
+
+def mp_dumps(x: Any) -> bytes:
+    """MessagePack (needs ``msgpack``, as in webdataset)."""
+    import msgpack
+
+    return cast(bytes, msgpack.packb(x))
+
+
+def cbor_dumps(x: Any) -> bytes:
+    """CBOR (needs ``cbor``, as in webdataset)."""
+    import cbor  # type: ignore[import-not-found]
+
+    return cast(bytes, cbor.dumps(x))
+
+
 def _handlers() -> dict[str, Callable[[Any], bytes]]:
     table: dict[str, Callable[[Any], bytes]] = {}
     pairs: list[tuple[str, Callable[[Any], bytes]]] = [
@@ -107,7 +139,10 @@ def _handlers() -> dict[str, Callable[[Any], bytes]]:
         ("pth", torch_dumps),
         ("npy", numpy_dumps),
         ("npz", numpy_npz_dumps),
+        ("ten tenbin tb", tenbin_dumps),
         ("json jsn", _json),
+        ("mp msgpack msg", mp_dumps),
+        ("cbor", cbor_dumps),
         ("jpg jpeg img image", _Image("jpg")),
         ("png", _Image("png")),
         ("pbm", _Image("pbm")),
