@@ -16,14 +16,12 @@ on the same topology (replay); another topology is refused.
 
 from __future__ import annotations
 
-import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 from torch.utils.data import IterDataPipe
 
-from shardpipes.datapipes.iter.base import StageIterDataPipe
+from shardpipes.datapipes.iter._mix_draws import DrawnMixerIterDataPipe
 from shardpipes.datapipes.iter.mix import MixerIterDataPipe, mixable
 from shardpipes.webdataset._graph import source_of
 from shardpipes.webdataset.pipeline import DataPipeline
@@ -45,64 +43,6 @@ def _graph_of(dataset: Any) -> IterDataPipe[Any] | None:
     return dataset if isinstance(dataset, IterDataPipe) and mixable(dataset) else None
 
 
-class _RandomSamples(StageIterDataPipe[Any]):
-    """webdataset's ``random_samples`` over DataPipes, drawing from the loader's seed."""
-
-    seek_refusal = _REFUSAL.format(kind="RandomMix")
-
-    def __init__(
-        self, datapipes: list[IterDataPipe[Any]], probs: Sequence[float] | None, longest: bool
-    ) -> None:
-        self.datapipes = datapipes
-        self.probs = list(probs) if probs is not None else [1.0] * len(datapipes)
-        self.longest = longest
-        self.random = random.Random(0)
-
-    def set_seed(self, seed: int) -> _RandomSamples:
-        """Draw from ``seed`` in the next iteration (loader hook)."""
-        self.random = random.Random(seed)
-        return self
-
-    def __iter__(self) -> Iterator[Any]:
-        sources = [iter(dp) for dp in self.datapipes]
-        probs = list(self.probs)
-        while sources:
-            cum = (np.array(probs) / np.sum(probs)).cumsum()
-            i = int(np.searchsorted(cum, self.random.random()))
-            try:
-                yield next(sources[i])
-            except StopIteration:
-                if not self.longest:
-                    break
-                del sources[i]
-                del probs[i]
-
-
-class _RoundRobinSamples(StageIterDataPipe[Any]):
-    """webdataset's ``round_robin_shortest`` / ``round_robin_longest`` over DataPipes."""
-
-    seek_refusal = _REFUSAL.format(kind="RoundRobin")
-
-    def __init__(self, datapipes: list[IterDataPipe[Any]], longest: bool) -> None:
-        self.datapipes = datapipes
-        self.longest = longest
-
-    def __iter__(self) -> Iterator[Any]:
-        sources = [iter(dp) for dp in self.datapipes]
-        i = 0
-        while sources:
-            i %= len(sources)
-            try:
-                sample = next(sources[i])
-            except StopIteration:
-                if not self.longest:
-                    break
-                del sources[i]
-                continue
-            i += 1
-            yield sample
-
-
 def _mix(
     datasets: Sequence[Any], probs: Sequence[float] | None, longest: bool, even: bool
 ) -> IterDataPipe[Any]:
@@ -120,10 +60,17 @@ def _mix(
             even=even,
             names=[f"dataset{i}" for i in range(len(datasets))],
         )
-    pipes = [source_of(d) for d in datasets]
-    if even:
-        return _RoundRobinSamples(pipes, longest)
-    return _RandomSamples(pipes, weights, longest)
+    # Without an index: the core's per-reader draws (mix() over unindexed sources), which
+    # mix as webdataset's random_samples / round_robin_* do, from the loader's seed.
+    mixer = DrawnMixerIterDataPipe(
+        *[source_of(d) for d in datasets],
+        weights=weights,
+        until="last" if longest else "first",
+        even=even,
+        names=[f"dataset{i}" for i in range(len(datasets))],
+    )
+    mixer.seek_refusal = _REFUSAL.format(kind="RoundRobin" if even else "RandomMix")
+    return mixer
 
 
 class RandomMix(DataPipeline):
