@@ -157,3 +157,18 @@ def test_lmdb_cached_under_several_readers_is_an_error_not_a_partial_cache(tmp_p
             list(loader)
     finally:
         loader.shutdown()
+
+
+def test_lmdb_cached_iterated_directly_and_by_a_loader_shares_one_database(tmp_path):
+    """DataLoader2 iterates its own copy of the stage: the copy uses the open database (LMDB
+    forbids opening one file twice in a process) and replays what the first pass recorded."""
+    pytest.importorskip("lmdb")
+    _tar(tmp_path / "a.tar", [f"{i:06d}" for i in range(4)])
+    ds = wds.WebDataset(str(tmp_path / "a.tar"), shardshuffle=False).decode()
+    ds = ds.lmdb_cached(str(tmp_path / "c.lmdb"))
+    first = [s["cls"] for s in ds]
+    loader = wds.WebLoader(ds, batch_size=None, num_workers=0)
+    try:
+        assert [int(s["cls"]) for s in loader] == first == [0, 1, 2, 3]
+    finally:
+        loader.shutdown()

@@ -139,7 +139,7 @@ class Bundled:
         # when a persistent pool starts its next epoch, after a loop left the last one
         # early): its block goes back to the worker, which would otherwise never reuse it
         # (after a few such epochs every batch was pickled instead).
-        if self.read is False and self.name is not None:
+        if getattr(self, "read", None) is False and self.name is not None:
             _give_back_by_name(self.name, self.seq)
 
     def __len__(self) -> int:

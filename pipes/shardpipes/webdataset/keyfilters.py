@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import os
 import pickle
 import re
 import types
@@ -269,9 +270,16 @@ class LMDBCached(utils.PipelineStage):
 
     def _env(self) -> Any:
         if self._db is None:
-            import lmdb
+            # One handle per file and process: LMDB forbids opening a file twice in one process,
+            # and DataLoader2 iterates a copy of the stage a user may also have iterated.
+            where = (os.getpid(), os.path.abspath(self.fname))
+            self._db = _ENVS.get(where)
+            if self._db is None:
+                import lmdb
 
-            self._db = lmdb.open(self.fname, readonly=False, map_size=self.map_size)
+                self._db = _ENVS[where] = lmdb.open(
+                    self.fname, readonly=False, map_size=self.map_size
+                )
         return self._db
 
     def is_complete(self) -> bool:
@@ -287,7 +295,7 @@ class LMDBCached(utils.PipelineStage):
 
     def run(self, source: Iterable[Any]) -> Iterator[Any]:
         """Replay the recorded pass, or record this one while yielding it."""
-        rank, world, _, workers = utils.pytorch_worker_info()
+        _, world, _, workers = utils.pytorch_worker_info()
         if world * workers > 1:
             raise ValueError(
                 f"LMDBCached({self.fname!r}) records one reader's pass, and this pass has "
@@ -315,6 +323,7 @@ class LMDBCached(utils.PipelineStage):
 
 
 _COMPLETE = b"_"  # sorts after the zero-padded positions
+_ENVS: dict[tuple[int, str], Any] = {}  # (pid, path) -> the open LMDB environment
 
 
 class _ByName:
