@@ -172,3 +172,11 @@ def test_lmdb_cached_iterated_directly_and_by_a_loader_shares_one_database(tmp_p
         assert [int(s["cls"]) for s in loader] == first == [0, 1, 2, 3]
     finally:
         loader.shutdown()
+
+
+def test_a_tenbin_stream_cut_short_is_an_error_naming_the_chunk():
+    whole = bytes(tenbin.encode_buffer([np.zeros(3)]))
+    with pytest.raises(ValueError, match="the chunk at byte 80 says 24 bytes; the stream has 4"):
+        tenbin.read(io.BytesIO(whole[:100]))
+    with pytest.raises(ValueError, match="ends inside the chunk header at byte 0"):
+        tenbin.read(io.BytesIO(whole[:10]))

@@ -346,7 +346,7 @@ def _give_back_by_name(name: str, seq: int) -> None:
     try:
         with mmap.mmap(fd, _SEQ.size * 2) as head:
             if _SEQ.unpack_from(head, 0)[0] == seq:  # not written again since (never should be)
-                _SEQ.pack_into(head, 8, seq)
+                _give_back(head, seq)
     except Exception:  # in __del__ (also at interpreter exit): never raise
         pass
     finally:
@@ -362,7 +362,7 @@ def _check_written(buf: memoryview, name: str, seq: int) -> None:
         )
 
 
-def _give_back(buf: memoryview, seq: int) -> None:
+def _give_back(buf: memoryview | mmap.mmap, seq: int) -> None:
     """Mark a block free for its worker (the last tensor or array lent from it is gone)."""
     with contextlib.suppress(ValueError, TypeError):  # the loader has closed the block
         _SEQ.pack_into(buf, 8, seq)

@@ -91,17 +91,25 @@ def encode_buffer(arrays: Sequence[Any], infos: Sequence[str] | None = None) -> 
     return out
 
 
+def _chunk_size(head: Any, at: int) -> int:
+    """The length a chunk header (16 bytes from ``head[0]``, at byte ``at``) gives its data."""
+    if bytes(head[:8]) != MAGIC:
+        raise ValueError(f"tenbin: no chunk magic at byte {at} (not a tenbin buffer?)")
+    if len(head) < 16:
+        raise ValueError(f"tenbin: the data ends inside the chunk header at byte {at}")
+    (n,) = _LENGTH.unpack_from(head, 8)
+    if n < 0:
+        raise ValueError(f"tenbin: the chunk at byte {at} says {n} bytes")
+    return int(n)
+
+
 def _chunks(buf: Any) -> list[memoryview]:
     view = memoryview(buf).cast("B")
     out = []
     at = 0
     while at < len(view):
-        if view[at : at + 8] != MAGIC:
-            raise ValueError(f"tenbin: no chunk magic at byte {at} (not a tenbin buffer?)")
-        if at + 16 > len(view):
-            raise ValueError(f"tenbin: the buffer ends inside the chunk header at byte {at}")
-        (n,) = _LENGTH.unpack_from(view, at + 8)
-        if n < 0 or at + 16 + n > len(view):
+        n = _chunk_size(view[at : at + 16], at)
+        if at + 16 + n > len(view):
             raise ValueError(
                 f"tenbin: the chunk at byte {at} says {n} bytes; the buffer has {len(view) - at - 16}"
             )
@@ -173,19 +181,19 @@ def write(stream: IO[bytes], arrays: Sequence[Any], infos: Sequence[str] | None 
 def read(stream: IO[bytes], n: int = sys.maxsize, infos: Any = False) -> Any:
     """Read up to ``n`` arrays from a binary stream of tenbin chunks."""
     chunks: list[memoryview] = []
+    at = 0  # bytes read, for the messages
     while len(chunks) < 2 * n:
         head = stream.read(16)
         if not head:
             break
-        if len(head) < 16 or head[:8] != MAGIC:
-            raise ValueError("tenbin: no chunk magic where a chunk should start")
-        (size,) = _LENGTH.unpack_from(head, 8)
-        if size < 0:
-            raise ValueError(f"tenbin: a chunk of {size} bytes")
+        size = _chunk_size(head, at)
         body = stream.read(_padded(size))
         if len(body) < size:
-            raise ValueError(f"tenbin: the stream ends inside a chunk of {size} bytes")
+            raise ValueError(
+                f"tenbin: the chunk at byte {at} says {size} bytes; the stream has {len(body)}"
+            )
         chunks.append(memoryview(body)[:size])
+        at += 16 + len(body)
     return _decode(chunks, infos)
 
 
