@@ -52,23 +52,17 @@ def _mix(
     weights = list(probs) if probs is not None else [1.0] * len(datasets)
     if len(weights) != len(datasets):
         raise ValueError(f"{len(weights)} probs for {len(datasets)} datasets")
+    how: dict[str, Any] = {
+        "weights": weights,
+        "until": "last" if longest else "first",
+        "even": even,
+        "names": [f"dataset{i}" for i in range(len(datasets))],
+    }
     if all(g is not None for g in graphs):
-        return MixerIterDataPipe(
-            *[g for g in graphs if g is not None],
-            weights=weights,
-            until="last" if longest else "first",
-            even=even,
-            names=[f"dataset{i}" for i in range(len(datasets))],
-        )
+        return MixerIterDataPipe(*[g for g in graphs if g is not None], **how)
     # Without an index: the core's per-reader draws (mix() over unindexed sources), which
     # mix as webdataset's random_samples / round_robin_* do, from the loader's seed.
-    mixer = DrawnMixerIterDataPipe(
-        *[source_of(d) for d in datasets],
-        weights=weights,
-        until="last" if longest else "first",
-        even=even,
-        names=[f"dataset{i}" for i in range(len(datasets))],
-    )
+    mixer = DrawnMixerIterDataPipe(*[source_of(d) for d in datasets], **how)
     mixer.seek_refusal = _REFUSAL.format(kind="RoundRobin" if even else "RandomMix")
     return mixer
 
