@@ -235,6 +235,26 @@ def test_threadpool_map_early_break_leaves_no_threads():
     assert threading.active_count() <= baseline
 
 
+@pytest.mark.skipif(
+    not hasattr(threading, "_shutdown_locks_lock"), reason="threading's internals of 3.9-3.12"
+)
+def test_threadpool_map_closed_elsewhere_never_joins_under_threading_locks():
+    """An abandoned iteration closed by the garbage collector in another thread, while that
+    thread holds the lock that joining a thread takes (a collection that starts inside a new
+    thread's bootstrap does), ends without joining its workers: no deadlock."""
+    it = iter(IterableWrapper(range(100)).threadpool_map(slow_square, max_workers=2))
+    assert next(it) == 0
+    closed = threading.Event()
+
+    def close_as_the_collector_would():
+        with threading._shutdown_locks_lock:  # as _maintain_shutdown_locks() holds it
+            it.close()
+        closed.set()
+
+    threading.Thread(target=close_as_the_collector_would, daemon=True).start()
+    assert closed.wait(60), "closing the iteration joined its workers under the lock"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

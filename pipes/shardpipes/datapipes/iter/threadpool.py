@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import threading
 from collections.abc import Callable, Iterator, Sized
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -98,17 +99,24 @@ class ThreadPoolMapperIterDataPipe(StageIterDataPipe[Any]):
 
     def __iter__(self) -> Iterator[Any]:
         pending: collections.deque[Future[Any]] = collections.deque()
-        with ThreadPoolExecutor(self.max_workers, **self.threadpool_kwargs) as pool:
-            try:
-                for item in self.source_datapipe:
-                    pending.append(pool.submit(self._apply, item))
-                    if len(pending) >= self.scheduled_tasks:
-                        yield pending.popleft().result()
-                while pending:
+        pool = ThreadPoolExecutor(self.max_workers, **self.threadpool_kwargs)
+        consumer = threading.get_ident()
+        try:
+            for item in self.source_datapipe:
+                pending.append(pool.submit(self._apply, item))
+                if len(pending) >= self.scheduled_tasks:
                     yield pending.popleft().result()
-            finally:
-                for fut in pending:
-                    fut.cancel()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for fut in pending:
+                fut.cancel()
+            # An abandoned iteration may be finalised by the garbage collector in any thread,
+            # even inside threading's own locks (a collection that starts in a new thread's
+            # bootstrap, which holds the lock that joining a thread takes: a deadlock, seen in
+            # tests/test_guarantees.py). There the workers are told to stop and end on their
+            # own; the consumer's thread waits for them, as before.
+            pool.shutdown(wait=threading.get_ident() == consumer, cancel_futures=True)
 
     def __len__(self) -> int:
         if isinstance(self.source_datapipe, Sized):
