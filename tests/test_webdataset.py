@@ -163,6 +163,24 @@ def test_key_whose_members_are_not_adjacent(tmp_path):
     assert info.value.key == "a"
 
 
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("decoded", [True, False])
+def test_the_sample_a_bad_member_ends_comes_out_before_its_error(tmp_path, fused, decoded):
+    """Under "raise", the whole sample that a reappearing key ends is yielded, then the error:
+    alike whether the run before it was grouped member by member or in bulk, decoded or not."""
+    members = [(f"{k}{i:04d}.{e}", b"%d" % i) for i, k in enumerate("abc") for e in ("cls", "txt")]
+    url = write_tar(tmp_path / "s.tar", [*members, ("a0000.cls", b"9")])
+    tars = tar_pipe([url])
+    dp = (tars if fused else tars.map(identity)).webdataset()
+    if decoded:
+        dp = dp.decode()
+    got = []
+    with pytest.raises(SampleFormatError, match="key 'a0000' appears again"):
+        for sample in dp:
+            got.append(sample["__key__"])
+    assert got == ["a0000", "b0001", "c0002"]
+
+
 def test_repeated_extension(tmp_path):
     url = write_tar(tmp_path / "s.tar", TWICE)
     with pytest.raises(

@@ -32,11 +32,13 @@ from itertools import accumulate, repeat
 from operator import itemgetter
 from typing import IO, Any, NamedTuple
 
+import numpy as np
+
 from shardpipes.errors import ShardFormatError
 from shardpipes.formats import placed
 from shardpipes.formats.compression import MAGIC_LENGTH, by_magic, decompress_stream
 from shardpipes.formats.stream import StreamBytes, binary_stream, raw_bytes
-from shardpipes.formats.tarblocks import scan
+from shardpipes.formats.tarblocks import Run, scan
 from shardpipes.formats.tarheaders import (
     BLOCK,
     NO_PAX,
@@ -47,6 +49,7 @@ from shardpipes.formats.tarheaders import (
 
 __all__ = [
     "BLOCK",
+    "Run",
     "Span",
     "TarEntry",
     "entries_of",
@@ -82,7 +85,7 @@ _entry: Callable[[type[TarEntry], tuple[str, StreamBytes, int, int]], TarEntry] 
 
 # A member found by the scanner: (name, offset of its first header, data position, size).
 Span = tuple[str, int, int, int]
-Part = tuple[list[Span], memoryview, int]
+Part = tuple[list[Span] | Run, memoryview, int]
 
 
 def iter_tar(
@@ -131,7 +134,8 @@ def iter_tar_parts(
     chunk_size: int = _DEFAULT_CHUNK,
     require_end: bool = True,
     start_offset: int = 0,
-) -> Iterator[tuple[list[Span], memoryview, int]]:
+    runs: bool = False,
+) -> Iterator[tuple[list[Span] | Run, memoryview, int]]:
     """Yield the archive's regular files as ``(spans, source, base)``, without copying their data.
 
     ``spans`` are ``(name, offset, data position, size)`` of up to about ``chunk_size`` bytes
@@ -154,6 +158,9 @@ def iter_tar_parts(
             tail silently). ``False`` reads a byte range of an archive. Default: ``True``.
         start_offset: Where ``stream`` starts in the archive (a byte range read on its own):
             offsets in entries and errors are then those of the whole archive. Default: ``0``.
+        runs: Members whose headers were parsed in bulk may come as a
+            :class:`~shardpipes.formats.tarblocks.Run` (arrays; ``.spans()`` is the list)
+            instead of a list of spans, for consumers that read them in bulk. Default: ``False``.
 
     Raises:
         ShardFormatError: Empty file, truncated member, corrupt header; the message names
@@ -173,7 +180,9 @@ def iter_tar_parts(
         if placed.enabled():
             _register_range(ranged, path, url, info, offset - lead)
         try:  # offsets counted from start_offset at the range's start, as the stream path does
-            yield from _iter_mapped(ranged, url, chunk_size, lead, start_offset - lead, require_end)
+            yield from _iter_mapped(
+                ranged, url, chunk_size, lead, start_offset - lead, require_end, runs
+            )
         finally:
             try:
                 ranged.close()
@@ -187,10 +196,10 @@ def iter_tar_parts(
     if mapped is None:
         if start_offset == 0:
             stream = _maybe_decompressed(stream, url)
-        yield from _iter_stream(stream, url, chunk_size, require_end, start_offset)
+        yield from _iter_stream(stream, url, chunk_size, require_end, start_offset, runs)
         return
     try:
-        yield from _iter_mapped(mapped, url, chunk_size)
+        yield from _iter_mapped(mapped, url, chunk_size, runs=runs)
     finally:
         try:
             mapped.close()
@@ -327,6 +336,7 @@ def _iter_mapped(
     pos: int = 0,
     base: int = 0,
     require_end: bool = True,
+    runs: bool = False,
 ) -> Iterator[Part]:
     """The members of a map from ``pos`` on; ``base`` is the archive offset of ``buf[0]``.
 
@@ -335,7 +345,7 @@ def _iter_mapped(
     """
     view = memoryview(buf)
     try:
-        yield from _members_of_map(buf, view, url, chunk_size, pos, base, require_end)
+        yield from _members_of_map(buf, view, url, chunk_size, pos, base, require_end, runs)
     finally:
         view.release()
 
@@ -348,6 +358,7 @@ def _members_of_map(
     pos: int,
     base: int,
     require_end: bool,
+    runs: bool,
 ) -> Iterator[Part]:
     """:func:`_iter_mapped`'s loop, over ``view`` (the whole map)."""
     carry: Carry = [None, NO_PAX, None]
@@ -361,8 +372,8 @@ def _members_of_map(
         # Headers are verified a group ahead of the members yielded; a group spans one chunk
         # of the file: the bulk scanner's arrays grow with it (4 chunks held 4 MB more at the
         # peak on 2 KB samples), and a chunk of a few large members goes to the general one.
-        entries, at, end, need = scan(buf, pos, pos + ahead, base, url, carry)
-        if entries:
+        entries, at, end, need = scan(buf, pos, pos + ahead, base, url, carry, runs=runs)
+        if len(entries):
             name, _, dpos, size = entries[-1]
             if dpos + size > len(view):  # the file was truncated since it was mapped
                 truncated(url, base + len(view), f"inside member {name!r}")
@@ -386,7 +397,12 @@ def _members_of_map(
 
 
 def _iter_stream(
-    stream: IO[bytes], url: str, chunk_size: int, require_end: bool, start_offset: int
+    stream: IO[bytes],
+    url: str,
+    chunk_size: int,
+    require_end: bool,
+    start_offset: int,
+    runs: bool = False,
 ) -> Iterator[Part]:
     read = stream.read
     buf = b""
@@ -394,7 +410,7 @@ def _iter_stream(
     pos = 0  # next header position in buf
     carry: Carry = [None, NO_PAX, None]
     while True:
-        entries, pos, end, need = scan(buf, pos, len(buf), base, url, carry)
+        entries, pos, end, need = scan(buf, pos, len(buf), base, url, carry, runs=runs)
         view = memoryview(buf)
         for part in _parts(entries, chunk_size):
             yield part, view, base
@@ -438,8 +454,10 @@ def slicer(source: memoryview) -> Callable[[slice], Any]:
     return source.__getitem__
 
 
-def entries_of(part: list[Span], source: memoryview, base: int) -> list[TarEntry]:
+def entries_of(part: list[Span] | Run, source: memoryview, base: int) -> list[TarEntry]:
     """The members of a part of :func:`iter_tar_parts`, their data copied out of ``source``."""
+    if isinstance(part, Run):
+        part = part.spans()
     if not part:
         return []
     names, starts, at, sizes = zip(*part, strict=True)
@@ -458,12 +476,16 @@ def entries_of(part: list[Span], source: memoryview, base: int) -> list[TarEntry
 _PART = 512  # members per list at most
 
 
-def _parts(entries: list[Span], budget: int) -> Iterator[list[Span]]:
+def _parts(entries: list[Span] | Run, budget: int) -> Iterator[list[Span] | Run]:
     """``entries`` cut into runs of about ``budget`` bytes of data (and ``_PART`` members) each.
 
     What a list of members holds in memory at once stays near one chunk, as when members were
-    made one at a time. Each run has at least one member.
+    made one at a time. Each run has at least one member. A :class:`Run` is cut into Runs by
+    data bytes only: its members are not objects until a consumer makes them.
     """
+    if isinstance(entries, Run):
+        yield from _run_parts(entries, budget)
+        return
     n = len(entries)
     ends = list(accumulate(map(itemgetter(3), entries)))  # data bytes up to each member
     start = 0
@@ -472,6 +494,22 @@ def _parts(entries: list[Span], budget: int) -> Iterator[list[Span]]:
         stop = min(bisect_right(ends, held + budget, start + 1), start + _PART)
         yield entries[start : max(stop, start + 1)]
         start = max(stop, start + 1)
+
+
+def _run_parts(run: Run, budget: int) -> Iterator[Run]:
+    """:func:`_parts` of a :class:`Run`: the same cuts by data bytes, without ``_PART``."""
+    n = len(run)
+    ends = np.cumsum(run.sizes)
+    if not n or ends[-1] <= budget:
+        if n:
+            yield run
+        return
+    start = 0
+    while start < n:
+        held = int(ends[start - 1]) if start else 0
+        stop = max(int(np.searchsorted(ends, held + budget, side="right")), start + 1)
+        yield run.part(start, stop)
+        start = stop
 
 
 def _read_upto(read: Callable[[int], bytes], size: int) -> bytes:

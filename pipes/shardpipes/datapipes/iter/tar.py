@@ -8,7 +8,7 @@ from typing import IO, Any
 from shardpipes.datapipes.iter.base import StageIterDataPipe, register
 from shardpipes.errors import ShardFormatError, ShardReadError
 from shardpipes.formats.stream import StreamBytes
-from shardpipes.formats.tarparse import Span, TarEntry, entries_of, iter_tar_parts
+from shardpipes.formats.tarparse import Run, Span, TarEntry, entries_of, iter_tar_parts
 from shardpipes.handlers import HandlerLike, SkipStats, resolve_handler
 from shardpipes.storage.ranges import ShardRange
 
@@ -130,12 +130,13 @@ class TarArchiveLoaderIterDataPipe(StageIterDataPipe[tuple[str, TarMember]]):
         for url, part, source, base in self.member_parts():
             yield url, entries_of(part, source, base)
 
-    def member_parts(self) -> Iterator[tuple[str, list[Span], memoryview, int]]:
+    def member_parts(self) -> Iterator[tuple[str, list[Span] | Run, memoryview, int]]:
         """Yield ``(url, spans, source, base)`` as :func:`~shardpipes.formats.tarparse.iter_tar_parts` does.
 
         The lean path that ``webdataset`` uses: members taken straight from the tar parser,
-        many at a time, their data copied only where they are kept. ``source`` is valid until
-        the next item is asked for.
+        many at a time, their data copied only where they are kept; members parsed in bulk come
+        as a :class:`~shardpipes.formats.tarblocks.Run` (``runs=True``). ``source`` is valid
+        until the next item is asked for.
         """
         policy = self.handler
         for source_url, stream in self.source_datapipe:
@@ -150,6 +151,7 @@ class TarArchiveLoaderIterDataPipe(StageIterDataPipe[tuple[str, TarMember]]):
                     chunk_size=self.chunk_size,
                     require_end=span is None,
                     start_offset=span.offset if span is not None else 0,
+                    runs=True,
                 ):
                     yield url, part, source, base
             except (ShardFormatError, ShardReadError) as exc:

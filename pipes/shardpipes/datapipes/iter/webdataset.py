@@ -8,13 +8,15 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import repeat
 from typing import IO, Any
 
+import numpy as np
+
 from shardpipes.datapipes.iter.base import StageIterDataPipe, register
 from shardpipes.datapipes.iter.tar import TarArchiveLoaderIterDataPipe
 from shardpipes.errors import SampleFormatError, SkippedInputWarning
 from shardpipes.formats import placed
 from shardpipes.formats.samples import duplicate_field, key_again, no_extension, split_key
 from shardpipes.formats.stream import StreamBytes
-from shardpipes.formats.tarparse import Span, TarEntry, entries_of, slicer
+from shardpipes.formats.tarparse import BLOCK, Run, Span, TarEntry, entries_of, slicer
 from shardpipes.handlers import HandlerLike, SkipStats, resolve_handler
 
 __all__ = ["Columns", "Deferred", "Sample", "WebDatasetIterDataPipe", "materialize", "pathsplit"]
@@ -174,14 +176,18 @@ class WebDatasetIterDataPipe(StageIterDataPipe[Sample]):
             for member_url, part, source, base in src.member_parts():
                 yield from group.take(member_url, part, source, base)
                 if group.stopped:
-                    return
+                    break
         else:
             for member_url, entry in self._entries():
                 out = step(member_url, entry)
                 if out is not None:
                     yield out
                 if group.stopped:
-                    return
+                    break
+        if group.error is not None:
+            raise group.error
+        if group.stopped:
+            return
         out = group.end()
         if out is not None and out is not _STOP:
             yield out
@@ -231,6 +237,7 @@ class _Grouping:
         self.last_offset = -1
         self.seen: set[str] = set()
         self.stopped = False  # the policy ended the iteration
+        self.error: Exception | None = None  # raised once the sample before it is out
         # A replaced ``pathsplit`` (0.9's hook, looked up now, as 0.9 looked it up) splits keys;
         # the bulk grouping assumes split_key, so it runs only without a replacement.
         self.split = split_key if pathsplit is _PATHSPLIT else pathsplit
@@ -276,7 +283,17 @@ class _Grouping:
                 raise duplicate_field(member_url, bad["__key__"], ext)
             self.sample[ext] = entry.data
         except SampleFormatError as exc:
-            if not self.policy(exc, member_url, self.stage.skipped):
+            try:
+                go_on = self.policy(exc, member_url, self.stage.skipped)
+            except Exception as raised:
+                if out is None:
+                    raise
+                # The sample this member finished is whole and goes out first, then the error
+                # (as when the run before the member was grouped in bulk).
+                self.error = raised
+                self.stopped = True
+                return out
+            if not go_on:
                 self.stopped = True
         return out
 
@@ -287,41 +304,92 @@ class _Grouping:
         return self.stage._finish(self.sample, self.required, self.policy)
 
     def take(
-        self, member_url: str, part: list[Span], source: memoryview, base: int
+        self, member_url: str, part: list[Span] | Run, source: memoryview, base: int
     ) -> Iterator[Any]:
         """Take a part of one shard's members (``iter_tar_parts``): yield samples, until ``stopped``."""
         n = len(part)
         step = self.step
+        run = part if type(part) is Run else None
+        name = part.name if run is not None else lambda i: part[i][0]  # type: ignore[union-attr]
         # Head: the first member (it may begin a new shard) and the rest of its sample.
         i = 0
         while i < n:
-            out = step(member_url, entries_of(part[i : i + 1], source, base)[0])
+            out = step(member_url, entries_of([part[i]], source, base)[0])
             i += 1
             if out is not None:
                 yield out
             if self.stopped:
                 return
-            if i < n and split_key(part[i][0])[0] != self.key:
+            if i < n and split_key(name(i))[0] != self.key:
                 break
         # Tail: the last key's members, which may go on in the next part.
         t = n - 1
         if t > i:
-            last = split_key(part[t][0])[0]
-            while t > i and split_key(part[t - 1][0])[0] == last:
+            last = split_key(name(t))[0]
+            while t > i and split_key(name(t - 1))[0] == last:
                 t -= 1
-        bulk = self._bulk(member_url, part, i, t, source, base) if t > i else None
+        bulk = None
+        if t > i:
+            if run is not None:
+                bulk = self._bulk_run(member_url, run, i, t, source, base)
+            else:
+                bulk = self._bulk(member_url, part, i, t, source, base)  # type: ignore[arg-type]
         if bulk is not None:
             yield from bulk
             if self.stopped:
                 return
             i = t
         if i < n:
-            for entry in entries_of(part[i:], source, base):
+            for entry in entries_of(_spans(part, i, n), source, base):
                 out = step(member_url, entry)
                 if out is not None:
                     yield out
                 if self.stopped:
                     return
+
+    def _bulk_run(
+        self, member_url: str, run: Run, i: int, t: int, source: memoryview, base: int
+    ) -> list[Any] | None:
+        """:meth:`_bulk` of ``run[i:t]``, its names checked as arrays in the usual case.
+
+        The usual case: every key has the same length in bytes and no dot or NUL, and every
+        member's name is its sample's key followed by the extension of its place in the first
+        sample's shape. The names are then compared as rows of bytes (no string per member),
+        and what :meth:`_bulk` checks on strings holds by construction. Anything else goes to
+        :meth:`_bulk` over the run's spans, which decides as for any part.
+        """
+        if not member_url or int(run.heads[i]) * BLOCK + run.base <= self.last_offset:
+            return None
+        key, ext = split_key(run.name(i))
+        shape = [ext]
+        m = 1
+        while i + m < t:
+            k, e = split_key(run.name(i + m))
+            if k != key:
+                break
+            shape.append(e)
+            m += 1
+        keyed = key.encode("utf-8", "surrogateescape")
+        width = len(keyed)
+        count = (t - i) // m
+        if (
+            count * m != t - i
+            or not width
+            or "" in shape
+            or len(set(shape)) != m
+            or any(e not in shape for e in self.required)
+            or not _same_layout(run.names[i:t], width, shape, m)
+        ):
+            return self._bulk(member_url, run.spans(i, t), 0, t - i, source, base)
+        raw = np.ascontiguousarray(run.names[i:t:m, :width]).view(f"S{width}").ravel().tolist()
+        keys = b"\0".join(raw).decode("utf-8", "surrogateescape").split("\0")
+        if len(set(keys)) != count or not self.seen.isdisjoint(keys) or self.key in keys:
+            return None
+        heads = run.heads[i:t]
+        at = ((heads + 1) * BLOCK).tolist()
+        sizes = run.sizes[i:t].tolist()
+        last = int(heads[-1]) * BLOCK + run.base
+        return self._emit(member_url, keys, tuple(shape), at, sizes, last, source)
 
     def _bulk(
         self, member_url: str, part: list[Span], i: int, t: int, source: memoryview, base: int
@@ -358,12 +426,34 @@ class _Grouping:
             return None
         if len(set(keys)) != count or not self.seen.isdisjoint(keys) or self.key in keys:
             return None
+        at = [x[2] for x in spans]
+        sizes = [x[3] for x in spans]
+        return self._emit(member_url, keys, shape, at, sizes, spans[-1][1], source)
+
+    def _emit(
+        self,
+        member_url: str,
+        keys: list[str],
+        shape: tuple[str, ...],
+        at: list[int],
+        sizes: list[int],
+        last_offset: int,
+        source: memoryview,
+    ) -> list[Any] | None:
+        """The samples of a run :meth:`_bulk` or :meth:`_bulk_run` checked, and the state after.
+
+        ``keys``: one per sample; ``shape``: the extensions of every sample, in member order;
+        ``at``, ``sizes``: where each member's data is in ``source`` and how long;
+        ``last_offset``: the archive offset of the run's last member.
+        """
+        m = len(shape)
+        count = len(keys)
         decoded = None
         if self.columns is not None:
             # Decoded before anything changes: a run in which a decoder raises goes member by
             # member (None), so that the decode stage meets the error on its own sample.
             try:
-                decoded = _decoded(self.columns(shape), spans, m, source)
+                decoded = _decoded(self.columns(shape), at, sizes, m, source)
             except Exception:
                 return None
         out: list[Any] = []
@@ -377,16 +467,14 @@ class _Grouping:
                 out.append(done)
         self.seen.update(keys)
         self.key = keys[-1]
-        self.last_offset = spans[-1][1]
-        lo = spans[0][2]
-        hi = spans[-1][2] + spans[-1][3]
+        self.last_offset = last_offset
+        lo = at[0]
+        hi = at[-1] + sizes[-1]
         if self.deferred and hi - lo <= _DEFER_BYTES * count:
             # Each sample's fields copied once, one after the other into one bytes object of
             # its own (not the headers between them): a window shared by many samples would
             # stay alive until the last of them left the shuffle buffer.
-            at = [x[2] for x in spans]
-            ends = [x[2] + x[3] for x in spans]
-            sizes = [x[3] for x in spans]
+            ends = list(map(operator.add, at, sizes))
             piece = source.__getitem__  # views: joined into one copy below
             cols = [list(map(piece, map(slice, at[r::m], ends[r::m]))) for r in range(m)]
             windows = list(map(b"".join, zip(*cols, strict=True)))
@@ -401,29 +489,63 @@ class _Grouping:
         if decoded is not None:
             out.append(_rows(keys, member_url, shape, decoded))  # one list: the run, decoded
             return out
-        data = [e[1] for e in entries_of(spans, source, base)]
-        out.extend(_rows(keys, member_url, shape, [data[r::m] for r in range(m)]))
+        out.extend(_rows(keys, member_url, shape, _decoded([None] * m, at, sizes, m, source)))
         return out
 
 
+def _spans(part: list[Span] | Run, lo: int, hi: int) -> list[Span]:
+    """Members ``lo`` to ``hi`` of a part (a list of spans or a Run), as spans."""
+    if not isinstance(part, Run):
+        return part[lo:hi]
+    # A few members (a part's head or tail) one by one: Run.spans() costs a dozen numpy calls.
+    return [part[j] for j in range(lo, hi)] if hi - lo <= 16 else part.spans(lo, hi)
+
+
+def _same_layout(names: np.ndarray, width: int, shape: list[str], m: int) -> bool:
+    """Whether each row of ``names`` is a key of ``width`` bytes, then its place's extension.
+
+    ``names``: the name fields of whole samples of ``m`` members each; the key is that of
+    each sample's first member, has no dot (so the extension is cut where the name says) and
+    no NUL (so the name does not end inside it), and is the same in all its members.
+    """
+    keys = names[0::m, :width]
+    if (keys == 46).any() or (keys == 0).any():
+        return False
+    for r, ext in enumerate(shape):
+        tail = np.frombuffer(ext.encode("utf-8", "surrogateescape") + b"\0", dtype=np.uint8)
+        rows = names[r::m]
+        end = width + len(tail)
+        if end > 101:
+            return False
+        if not (rows[:, width:end] == tail[: 100 - width]).all():  # the NUL, unless 100 bytes
+            return False
+        if r and not (rows[:, :width] == keys).all():
+            return False
+    return True
+
+
 def _decoded(
-    fns: Sequence[Callable[[bytes], Any] | None], spans: list[Span], m: int, source: memoryview
+    fns: Sequence[Callable[[bytes], Any] | None],
+    at: list[int],
+    sizes: list[int],
+    m: int,
+    source: memoryview,
 ) -> list[list[Any]]:
     """The fields of a run of samples of ``m`` members each, a column per extension.
 
+    ``at``, ``sizes``: where each member's data is in ``source`` and how long, in member order.
     Column ``r`` holds ``fns[r]`` of each sample's ``r``-th member's bytes, or the bytes as a
     :class:`~shardpipes.formats.stream.StreamBytes` where ``fns[r]`` is ``None``: the values
     ``decode()`` makes of the members ``entries_of`` makes, made here without the members.
     """
-    at = [x[2] for x in spans]
-    ends = [x[2] + x[3] for x in spans]
+    ends = list(map(operator.add, at, sizes))
     piece = slicer(source)
     # Large members kept by their place (formats/placed.py), when there are any.
-    where = placed.place_of(source, map(operator.itemgetter(3), spans))
+    where = placed.place_of(source, sizes)
     cols = []
     for r, fn in enumerate(fns):
         if fn is None and where is not None:
-            cols.append(placed.values(where, piece, at[r::m], [x[3] for x in spans[r::m]]))
+            cols.append(placed.values(where, piece, at[r::m], sizes[r::m]))
             continue
         data = map(piece, map(slice, at[r::m], ends[r::m]))
         cols.append(list(map(StreamBytes, data) if fn is None else map(fn, map(bytes, data))))
