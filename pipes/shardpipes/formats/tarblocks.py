@@ -315,12 +315,22 @@ def _gather(window: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 
 def _scratch(name: str, rows: int) -> np.ndarray:
-    """This thread's scratch array ``name`` of ``rows`` rows of 64 words (see :func:`_gather`)."""
+    """This thread's scratch array ``name`` of ``rows`` rows of 64 words (see :func:`_gather`).
+
+    Kept for windows of up to :data:`_SCRATCH_ROWS` headers (a 1 MiB window has at most
+    2,048); a larger one (a chunk size raised far above the default) gets an array of its own,
+    so that a thread never holds more than a few MiB of scratch.
+    """
+    if rows > _SCRATCH_ROWS:
+        return np.empty((rows, 64), dtype=np.uint64)
     held = getattr(_SCRATCH, name, None)
-    if held is None or len(held) < rows:
-        held = np.empty((max(rows, 2048), 64), dtype=np.uint64)
+    if held is None:
+        held = np.empty((_SCRATCH_ROWS, 64), dtype=np.uint64)  # pages are touched as used
         setattr(_SCRATCH, name, held)
     return held[:rows]
+
+
+_SCRATCH_ROWS = 4096
 
 
 # Bytes 0, 2, 4, 6 of a 64-bit word, each in its own 16-bit lane.
