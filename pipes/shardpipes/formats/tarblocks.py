@@ -297,7 +297,9 @@ def _run(heads: np.ndarray, where: np.ndarray, sizes: np.ndarray, base: int) -> 
     """
     if not _sums_match(heads):
         return None
-    return Run(np.ascontiguousarray(heads[:, :100]), where, sizes, base)
+    # A copy, always: ``heads`` may be a view of the thread's scratch rows, which the next
+    # window overwrites (ascontiguousarray would return a one-row view as it is).
+    return Run(heads[:, :100].copy(), where, sizes, base)
 
 
 _SCRATCH = threading.local()
