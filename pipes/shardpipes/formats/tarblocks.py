@@ -32,8 +32,9 @@ import numpy as np
 from shardpipes.formats import tarheaders
 from shardpipes.formats.tarheaders import BLOCK, NO_PAX, Buffer, Carry
 
-__all__ = ["Run", "scan"]
+__all__ = ["Run", "Span", "scan"]
 
+# A member found by the scanner: (name, offset of its first header, data position, size).
 Span = tuple[str, int, int, int]
 
 # The ustar magic at bytes 257..261 of a block, read as the block's 33rd native 64-bit word.

@@ -38,7 +38,7 @@ from shardpipes.errors import ShardFormatError
 from shardpipes.formats import placed
 from shardpipes.formats.compression import MAGIC_LENGTH, by_magic, decompress_stream
 from shardpipes.formats.stream import StreamBytes, binary_stream, raw_bytes
-from shardpipes.formats.tarblocks import Run, scan
+from shardpipes.formats.tarblocks import Run, Span, scan
 from shardpipes.formats.tarheaders import (
     BLOCK,
     NO_PAX,
@@ -83,8 +83,6 @@ class TarEntry(NamedTuple):
 # made hundreds of thousands of times a second.
 _entry: Callable[[type[TarEntry], tuple[str, StreamBytes, int, int]], TarEntry] = tuple.__new__
 
-# A member found by the scanner: (name, offset of its first header, data position, size).
-Span = tuple[str, int, int, int]
 Part = tuple[list[Span] | Run, memoryview, int]
 
 

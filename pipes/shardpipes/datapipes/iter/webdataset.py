@@ -360,17 +360,9 @@ class _Grouping:
         """
         if not member_url or int(run.heads[i]) * BLOCK + run.base <= self.last_offset:
             return None
-        key, ext = split_key(run.name(i))
-        shape = [ext]
-        m = 1
-        while i + m < t:
-            k, e = split_key(run.name(i + m))
-            if k != key:
-                break
-            shape.append(e)
-            m += 1
-        keyed = key.encode("utf-8", "surrogateescape")
-        width = len(keyed)
+        key, shape = _first_sample(map(run.name, range(i, t)))
+        m = len(shape)
+        width = len(key.encode("utf-8", "surrogateescape"))
         count = (t - i) // m
         if (
             count * m != t - i
@@ -378,7 +370,7 @@ class _Grouping:
             or "" in shape
             or len(set(shape)) != m
             or any(e not in shape for e in self.required)
-            or not _same_layout(run.names[i:t], width, shape, m)
+            or not _same_layout(run.names[i:t], width, shape)
         ):
             return self._bulk(member_url, run.spans(i, t), 0, t - i, source, base)
         raw = np.ascontiguousarray(run.names[i:t:m, :width]).view(f"S{width}").ravel().tolist()
@@ -389,7 +381,7 @@ class _Grouping:
         at = ((heads + 1) * BLOCK).tolist()
         sizes = run.sizes[i:t].tolist()
         last = int(heads[-1]) * BLOCK + run.base
-        return self._emit(member_url, keys, tuple(shape), at, sizes, last, source)
+        return self._emit(member_url, keys, shape, at, sizes, last, source)
 
     def _bulk(
         self, member_url: str, part: list[Span], i: int, t: int, source: memoryview, base: int
@@ -403,11 +395,8 @@ class _Grouping:
             return None
         spans = part[i:t]
         names = [x[0] for x in spans]
-        first = split_key(names[0])[0]
-        m = 1
-        while m < len(names) and split_key(names[m])[0] == first:
-            m += 1
-        shape = tuple(split_key(name)[1] for name in names[:m])
+        shape = _first_sample(names)[1]
+        m = len(shape)
         count = len(names) // m
         if (
             count * m != len(names)
@@ -501,13 +490,30 @@ def _spans(part: list[Span] | Run, lo: int, hi: int) -> list[Span]:
     return [part[j] for j in range(lo, hi)] if hi - lo <= 16 else part.spans(lo, hi)
 
 
-def _same_layout(names: np.ndarray, width: int, shape: list[str], m: int) -> bool:
+def _first_sample(names: Iterable[str]) -> tuple[str, tuple[str, ...]]:
+    """The key of the first of ``names`` and the extensions of the members that share it.
+
+    Reads ``names`` only up to the first member of another key.
+    """
+    it = iter(names)
+    key, ext = split_key(next(it))
+    shape = [ext]
+    for name in it:
+        other, ext = split_key(name)
+        if other != key:
+            break
+        shape.append(ext)
+    return key, tuple(shape)
+
+
+def _same_layout(names: np.ndarray, width: int, shape: tuple[str, ...]) -> bool:
     """Whether each row of ``names`` is a key of ``width`` bytes, then its place's extension.
 
-    ``names``: the name fields of whole samples of ``m`` members each; the key is that of
-    each sample's first member, has no dot (so the extension is cut where the name says) and
-    no NUL (so the name does not end inside it), and is the same in all its members.
+    ``names``: the name fields of whole samples of ``len(shape)`` members each; the key is
+    that of each sample's first member, has no dot (so the extension is cut where the name
+    says) and no NUL (so the name does not end inside it), and is the same in all its members.
     """
+    m = len(shape)
     keys = names[0::m, :width]
     if (keys == 46).any() or (keys == 0).any():
         return False
