@@ -83,6 +83,8 @@ class LightningLoader(Generic[T]):
             )
         self._used = self._ahead.popleft()
         self._steps += 1
+        if self.loader.telemetry is not None:
+            self.loader.telemetry.step()  # where a step begins: its wait share (docs/telemetry.md)
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's state after the last batch a step used (every rank's, when distributed)."""

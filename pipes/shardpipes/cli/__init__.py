@@ -18,7 +18,7 @@ from shardpipes.cli._command import register
 
 __all__ = ["COMMANDS", "main"]
 
-COMMANDS = ("demo", "write", "index", "inspect", "splits", "bench", "verify")
+COMMANDS = ("demo", "write", "index", "inspect", "splits", "bench", "verify", "report")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -103,6 +103,7 @@ def stage_profile(dp: Any, *, rounds: int = 3) -> list[tuple[str, float, float]]
     import copy
 
     from shardpipes.dataloader2.graph import lean_graph
+    from shardpipes.dataloader2.telemetry.names import stage_labels
     from shardpipes.datapipes.iter._index_length import source_of
 
     chain = []
@@ -121,7 +122,8 @@ def stage_profile(dp: Any, *, rounds: int = 3) -> list[tuple[str, float, float]]
             best = min(best, time.process_time() - t0)
         return best, count
 
-    names = [_stage_name(stage) for stage in chain]
+    labels = stage_labels(dp)  # the names telemetry gives the stages of a running loader
+    names = [labels[id(stage)] for stage in chain]
     total, samples = cost(chain[-1])
     rows: list[tuple[str, float, float]] = []
     before = 0.0
@@ -135,16 +137,6 @@ def stage_profile(dp: Any, *, rounds: int = 3) -> list[tuple[str, float, float]]
         rows.append((label, cum, cum - before))
         before = cum
     return rows
-
-
-def _stage_name(stage: Any) -> str:
-    from torch.utils.data import IterDataPipe
-
-    for name, fn in IterDataPipe.functions.items():
-        owner = getattr(fn, "args", (None,))[0] if hasattr(fn, "args") else None
-        if owner is type(stage):
-            return name
-    return type(stage).__name__.removesuffix("IterDataPipe")
 
 
 def print_profile(dp: Any) -> None:

@@ -83,9 +83,11 @@ class Bundle:
             of 1,000 samples makes the first batch cost what 16 do).
         nbytes: Bytes the items took in shared memory or are read from their shards; ``-1``
             when they were sent otherwise (through torch's queue).
+        figures: The worker's telemetry report, every so often when telemetry is on
+            (``dataloader2/telemetry/reporter.py``); else ``None``.
     """
 
-    __slots__ = ("cost", "count", "end", "error", "nbytes", "payload", "skips", "worker")
+    __slots__ = ("cost", "count", "end", "error", "figures", "nbytes", "payload", "skips", "worker")
 
     def __init__(
         self,
@@ -97,6 +99,7 @@ class Bundle:
         error: ExceptionWrapper | None,
         cost: float,
         nbytes: int,
+        figures: dict[str, Any] | None = None,
     ) -> None:
         self.worker = worker
         self.payload = payload
@@ -106,6 +109,7 @@ class Bundle:
         self.error = error
         self.cost = cost
         self.nbytes = nbytes
+        self.figures = figures
 
     def _args(self) -> tuple[Any, ...]:
         return (
@@ -117,6 +121,7 @@ class Bundle:
             self.error,
             self.cost,
             self.nbytes,
+            self.figures,
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -147,6 +152,7 @@ def bundles(
     skip_total: Callable[[], int],
     skip_state: Callable[[], dict[str, Any]],
     end: Callable[[], list[list[Any]]],
+    report: Callable[[float, int, bool], dict[str, Any] | None] | None = None,
 ) -> Iterator[Bundle]:
     """A worker's epoch (``items``) in bundles of ``size[0]`` items (read before each bundle).
 
@@ -154,6 +160,7 @@ def bundles(
     ``skip_state`` their full form, made only when the sum moved; ``end`` the worker's drop
     totals at the end of its epoch. An error of the graph ends the epoch's last bundle: the
     items made before it are sent, then the error (as torch's worker loop would send it).
+    ``report``: telemetry's worker side (when on), given each bundle's making time and size.
     """
     seen = skip_total()
     made, spent = -1, 0.0
@@ -195,7 +202,8 @@ def bundles(
         if ring is not None:
             payload = ring.seal(out)
             nbytes = ring.packed_bytes
-        yield Bundle(worker, payload, len(out), skips, ended, error, cost, nbytes)
+        figures = report(took, len(out), ended is not None) if report is not None else None
+        yield Bundle(worker, payload, len(out), skips, ended, error, cost, nbytes, figures)
         if ended is not None or error is not None:
             return
 
@@ -251,6 +259,8 @@ class Interleave:
         self.flows: dict[int, list[list[Any]]] = {}  # each worker's drop totals at its end
         self._next = 1  # the size the last bundles asked for: the next epoch starts there
         self._last = 1
+        #: Telemetry's ``take(worker, figures, items ready)``, when it is on.
+        self.watch: Callable[[int, dict[str, Any], int], None] | None = None
 
     def start_epoch(self) -> None:
         """Set the size the workers start the next epoch with (what the last one reached)."""
@@ -293,6 +303,8 @@ class Interleave:
                 "the worker pool stopped before every worker had ended its epoch; please report this"
             )
         queue = queues[bundle.worker]
+        if bundle.figures is not None and self.watch is not None:
+            self.watch(bundle.worker, bundle.figures, len(queue))
         payload = bundle.payload
         items: Any
         if type(payload) is Bundled:

@@ -33,6 +33,7 @@ from shardpipes.dataloader2._stats import (
 )
 from shardpipes.dataloader2.graph import apply_epoch_plan
 from shardpipes.dataloader2.random.seed_generator import SeedGenerator
+from shardpipes.dataloader2.telemetry.reporter import WorkerReporter
 from shardpipes.dataloader2.utils.dispatch import shard_for_worker
 from shardpipes.dataloader2.utils.worker import WorkerInfo, seed_global_rngs
 from shardpipes.formats import placed
@@ -121,6 +122,7 @@ class WorkerDataset(IterableDataset[Any]):
         shm_owner: str = "",
         user_reset: Callable[[IterDataPipe[Any], Any, Any], IterDataPipe[Any]] | None = None,
         shm_tensors: bool = True,
+        telemetry: tuple[float | None] | None = None,
     ) -> None:
         self.datapipe = datapipe
         self.slot = slot
@@ -133,6 +135,8 @@ class WorkerDataset(IterableDataset[Any]):
         self._sharded = False
         self._counters: list[Any] = []
         self._flows: list[Any] = []
+        self.telemetry = telemetry  # on: (stack-sample interval or None,); off: None
+        self._reporter: WorkerReporter | None = None
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
@@ -165,6 +169,8 @@ class WorkerDataset(IterableDataset[Any]):
             # Large members no stage here reads are sent by where they lie in their shard,
             # and read once, by the main process (formats/placed.py).
             placed.enable()
+        if self.telemetry is not None and self._reporter is None:
+            self._reporter = WorkerReporter(self.datapipe, self.telemetry[0])
         # Several items per message, the epoch's drop totals with the last (_bundle.py).
         return bundles(
             worker,
@@ -174,6 +180,7 @@ class WorkerDataset(IterableDataset[Any]):
             self._skip_total,
             self._skip_state,
             self._epoch_end,
+            self._reporter.report if self._reporter is not None else None,
         )
 
     def _skip_total(self) -> int:

@@ -37,6 +37,7 @@ from shardpipes.dataloader2.reading_service import (
     SequentialReadingService,
     handed,
 )
+from shardpipes.dataloader2.telemetry import DEFAULT_INTERVAL, Telemetry
 from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe
 from shardpipes.errors import AttestationWarning, ShardingWarning, StateMismatchError
 from shardpipes.handlers import SkipStats
@@ -224,6 +225,7 @@ class DataLoader2(Generic[T]):
         self._resume_segments: tuple[Segment, ...] = ()
         self._skipped_at_start = 0
         self._attest = Attestor()  # ids, the ranks' check, what a state is bound to
+        self.telemetry: Telemetry | None = None  # dl.watch(): figures while it runs
         self._described = False
         if (
             dist.is_available()
@@ -289,6 +291,21 @@ class DataLoader2(Generic[T]):
                 (``ids-rank{R}.bin``), for ``shardpipes verify``. Default: no log.
         """
         self._attest.configure(every, policy, log_dir)
+
+    def watch(self, *, interval: float | None = DEFAULT_INTERVAL) -> Telemetry:
+        """Turn telemetry on (before the first epoch) and return it; ``.snapshot()`` gives the figures.
+
+        See docs/telemetry.md: the training loop's wait per batch and share of step time,
+        throughput, CPU per stage (sampled every ``interval`` seconds in each process; ``None``
+        for none), workers' busy time and queue depth, storage bytes, streams and retries.
+        Calling it again returns the same :class:`~shardpipes.dataloader2.telemetry.Telemetry`.
+        """
+        if self.telemetry is None:
+            if self._graph is not None:
+                raise RuntimeError("watch() must be called before the loader's first epoch")
+            self.telemetry = Telemetry(interval, skipped=lambda: _skipped(self.reading_service))
+            self.reading_service.watch(self.telemetry)
+        return self.telemetry
 
     def _describe(self) -> None:
         if not self._described and self.datapipe is not None:
@@ -417,7 +434,8 @@ class DataLoader2(Generic[T]):
                     "consumed, but this epoch has fewer: is it the same graph and data?"
                 )
             attest = self._attest.yielded
-            for item in it:
+            tel = self.telemetry
+            for item in tel.batches(it, self._graph) if tel is not None else it:
                 self._consumed += 1
                 yielded += 1
                 attest(item, self._consumed)
@@ -712,6 +730,8 @@ class DataLoader2(Generic[T]):
         finally:
             self.reading_service.finalize()
             self._attest.close()
+            if self.telemetry is not None:
+                self.telemetry.close()
 
     def __enter__(self) -> DataLoader2[T]:
         return self

@@ -50,6 +50,7 @@ from shardpipes.dataloader2.graph import apply_epoch_plan, has_sharding, stages_
 from shardpipes.dataloader2.graph.utils import _swap_in
 from shardpipes.dataloader2.random.distributed import dist_share_seed
 from shardpipes.dataloader2.random.seed_generator import SeedGenerator, as_plan, facade
+from shardpipes.dataloader2.telemetry.recorder import Telemetry
 from shardpipes.dataloader2.utils.worker import WorkerInfo
 from shardpipes.datapipes.iter._index_length import exact_length_plan
 from shardpipes.datapipes.iter.base import in_main_process
@@ -136,6 +137,13 @@ class ReadingServiceInterface(ABC):
     def flows(self) -> tuple[list[StageFlow], str] | None:
         """Totals of the dropping stages this service runs, and its graph's source; ``None`` if none."""
         return None
+
+    def watch(self, telemetry: Telemetry) -> None:  # noqa: B027 - optional hook
+        """Report the figures of the stages this service runs in other processes to ``telemetry``.
+
+        Called by ``DataLoader2.watch()`` before the first epoch; a service that runs stages
+        elsewhere has them report with what it already sends (docs/telemetry.md).
+        """
 
 
 class CheckpointableReadingServiceInterface(ReadingServiceInterface):
@@ -350,6 +358,7 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         self._attached = Attachments()  # shared-memory blocks of the workers' large values
         # Deals the workers' bundles out one item at a time; their skip and drop totals.
         self._interleave: Interleave | None = None
+        self._telemetry: Telemetry | None = None
 
     def initialize(self, datapipe: IterDataPipe[Any]) -> IterDataPipe[Any]:
         """Move all but the main-process tail of the graph into the worker pool."""
@@ -362,6 +371,7 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         _warn_unsharded(core, self.num_workers, "MultiProcessingReadingService")
         self._slot = EpochSlot()
         self._interleave = Interleave(self._slot.bundle, self._attached, grow=not self.timeout)
+        self._interleave.watch = self._telemetry.take if self._telemetry is not None else None
         pool: IterDataPipe[Any] = WorkerPoolIterDataPipe(core, self)
         if self.main_prefetch_cnt:
             pool = MainPrefetcherIterDataPipe(pool, self.main_prefetch_cnt)
@@ -408,6 +418,7 @@ class MultiProcessingReadingService(ReadingServiceInterface):
                 shm_owner=self._attached.owner,
                 # torch's pin thread pins the tensors it receives; ours would arrive unpinned
                 shm_tensors=not self.pin_memory,
+                telemetry=(self._telemetry.interval,) if self._telemetry is not None else None,
             ),
             batch_size=None,
             num_workers=self.num_workers,
@@ -479,6 +490,12 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         source = _local_flows(self, self._core)[1]
         flows = self._interleave.flows if self._interleave is not None else {}
         return merge_flows(f for _, f in sorted(flows.items())), source
+
+    def watch(self, telemetry: Telemetry) -> None:
+        """Have the workers attach their figures to their bundles, for ``telemetry``."""
+        self._telemetry = telemetry
+        if self._interleave is not None:
+            self._interleave.watch = telemetry.take
 
     def finalize(self) -> None:
         """Stop the worker processes."""
@@ -701,6 +718,11 @@ class SequentialReadingService(ReadingServiceInterface):
             if found is not None:
                 return found
         return None
+
+    def watch(self, telemetry: Telemetry) -> None:
+        """Pass ``telemetry`` to each service."""
+        for rs in self.reading_services:
+            rs.watch(telemetry)
 
     def finalize_iteration(self) -> None:
         """Finalise the epoch in each service, in reverse order."""

@@ -24,6 +24,7 @@ from shardpipes.errors import (
     NotAFileError,
     ShardReadError,
 )
+from shardpipes.storage.counters import COUNTERS
 from shardpipes.storage.pipeurl import open_command
 from shardpipes.storage.remote import open_remote
 from shardpipes.storage.retry import Redactor
@@ -183,13 +184,22 @@ def open_source(
         text = {k: v for k, v in kwargs.items() if k in _TEXT_KWARGS}
         return io.TextIOWrapper(io.BufferedReader(stream, 1 << 20), **text)
     try:
-        return source.fs.open(source.path, mode, **kwargs)  # type: ignore[no-any-return]
+        opened = source.fs.open(source.path, mode, **kwargs)
     except FileNotFoundError as exc:
         raise _read_error(url, "no such file", exc, MissingShardError) from exc
     except PermissionError as exc:
         raise _read_error(url, "permission denied", exc, ForbiddenShardError) from exc
     except IsADirectoryError as exc:
         raise _read_error(url, "is a directory, not a file", exc, NotAFileError) from exc
+    COUNTERS.read(_local_size(opened))  # a local shard is read whole (mapped or streamed)
+    return opened  # type: ignore[no-any-return]
+
+
+def _local_size(f: Any) -> int:
+    try:
+        return os.fstat(f.fileno()).st_size
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return 0  # a memory:// file, a chained URL: no descriptor
 
 
 def open_text(

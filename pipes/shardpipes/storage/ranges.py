@@ -24,6 +24,7 @@ from shardpipes.errors import (
     ShardFormatError,
     ShardReadError,
 )
+from shardpipes.storage.counters import COUNTERS
 from shardpipes.storage.pool import ReopeningFile, process_pool
 from shardpipes.storage.remote import open_remote, with_retries
 from shardpipes.storage.retry import Redactor, RetryPolicy
@@ -401,11 +402,13 @@ def read_range(
         elif source.local:
             # Closed by RangeFile.close; holds a handle only while it has a place (storage/pool.py).
             raw = cast(IO[bytes], ReopeningFile(path, offset))
+            COUNTERS.read(size)
         elif size <= max_fetch:
             data = with_retries(
                 lambda: fs.cat_file(path, start=offset, end=offset + size), redactor, retry,
                 "range read", offset,
             )  # fmt: skip
+            COUNTERS.read(len(data))
             raw = io.BytesIO(data)
         else:
             stream = open_remote(

@@ -37,6 +37,7 @@ from shardpipes.errors import (
     NotAFileError,
     RetriesExhaustedError,
 )
+from shardpipes.storage.counters import COUNTERS, retry_cause
 from shardpipes.storage.pool import process_pool
 from shardpipes.storage.readahead import BlockQueue, Readahead, auto_block_size
 from shardpipes.storage.retry import (
@@ -242,6 +243,7 @@ class RemoteStream(io.RawIOBase):
         self._q: BlockQueue | None = None
         if readahead != 0:
             self._q = queue if queue is not None else Readahead.for_options(readahead).queue()
+        COUNTERS.stream_opened()
         with self._use:  # not released half made
             self._pool.take_place(self)
             self._restart(start)  # a range reader starts where it reads: nothing fetched before
@@ -343,6 +345,7 @@ class RemoteStream(io.RawIOBase):
                 data = transport.fetch(start, length)
                 if seq and not data and self.size is not None:
                     raise ShortBody(f"stream ended at byte {start} of {self.size}")
+                COUNTERS.read(len(data))
                 return data
             except _RangesIgnored:
                 raise
@@ -352,6 +355,7 @@ class RemoteStream(io.RawIOBase):
                     spent = time.monotonic() - began
                     self._redactor.raise_(exc, kind, start, attempt + 1, spent)
                 wait = self._retry.delay(attempt)
+                COUNTERS.retried(retry_cause(exc))
                 logger.warning(
                     "%s: %s at byte offset %d (attempt %d of %d); retrying in %.2fs",
                     self.url, self._redactor.describe(exc), start, attempt + 1,
@@ -507,6 +511,7 @@ class RemoteStream(io.RawIOBase):
             self._transport.close()
             self._buf = b""
             self._pool.leave(self)
+            COUNTERS.stream_closed()
         super().close()
 
     def __repr__(self) -> str:
@@ -534,6 +539,7 @@ def with_retries(
             if kind != "transient" or attempt >= retry.retries:
                 redactor.raise_(exc, kind, offset, attempt + 1, time.monotonic() - began)
             wait = retry.delay(attempt)
+            COUNTERS.retried(retry_cause(exc))
             logger.warning(
                 "%s: %s failed at byte offset %d (%s), attempt %d of %d; retrying in %.2fs",
                 redactor.url, what, offset, redactor.describe(exc), attempt + 1,

@@ -1,0 +1,172 @@
+"""Where one thread's CPU goes, stage by stage, from samples of its stack.
+
+A thread of its own wakes every ``interval`` seconds, reads the CPU clock of the thread that
+runs the graph, and gives the CPU spent since its last look to the innermost stage on that
+thread's stack (a stage's code is on the stack while the stage, or a function it calls, runs).
+Nothing is added to the path of a sample: the cost is one look per interval (about 10 us at
+the default 10 ms, well under 1% of a core; docs/telemetry.md has the measurement), and none
+when telemetry is off, since then no sampler exists.
+
+The figures are statistical: a stage that takes a share ``p`` of the thread's CPU gets close
+to ``p`` of the samples once there are a few dozen of them.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from types import CodeType, FrameType
+from typing import Any
+
+from torch.utils.data import IterDataPipe
+
+from shardpipes.dataloader2.graph import stages_of
+from shardpipes.dataloader2.telemetry.names import stage_labels
+
+__all__ = ["LOADER", "StageSampler", "thread_cpu_clock"]
+
+#: The label of CPU spent outside any stage: a worker's loop (sending batches), the main
+#: process receiving them, the loader's own work per batch.
+LOADER = "(loader)"
+
+
+def thread_cpu_clock(thread_id: int) -> Callable[[], float]:
+    """A function that reads the CPU time of thread ``thread_id`` (process CPU where unsupported)."""
+    try:
+        clock = time.pthread_getcpuclockid(thread_id)
+    except (AttributeError, OSError):
+        return time.process_time
+    return lambda: time.clock_gettime(clock)
+
+
+def _functions(value: Any, depth: int = 0) -> Iterator[Any]:
+    """The functions behind a class attribute: unwrapped, and those a wrapper closes over."""
+    if isinstance(value, staticmethod | classmethod):
+        value = value.__func__
+    elif isinstance(value, property):
+        value = value.fget
+    code = getattr(value, "__code__", None)
+    if not isinstance(code, CodeType) or depth > 3:
+        return
+    yield value
+    wrapped = getattr(value, "__wrapped__", None)
+    if wrapped is not None:
+        yield from _functions(wrapped, depth + 1)
+    for cell in value.__closure__ or ():
+        try:
+            inner = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        yield from _functions(inner, depth + 1)
+
+
+def _codes_of(kind: type) -> set[CodeType]:
+    """Code objects that run with an instance of ``kind`` as ``self`` (its methods, wrapped ones)."""
+    codes: set[CodeType] = set()
+    for klass in kind.__mro__:
+        if klass in (object, IterDataPipe) or klass.__module__ == "typing":
+            continue
+        for value in vars(klass).values():
+            codes.update(fn.__code__ for fn in _functions(value))
+    return codes
+
+
+class StageSampler:
+    """Samples one thread's stack and adds up its CPU per stage of ``datapipe``.
+
+    Args:
+        datapipe: The graph the thread runs (labels: :func:`~.names.stage_labels`).
+        interval: Seconds between two looks.
+        inside: A code object that marks the loader on the stack (the main process, where
+            the same thread also trains): a stack without it is not the loader's and is not
+            counted. ``None``: every stack counts (a worker).
+    """
+
+    def __init__(
+        self, datapipe: IterDataPipe[Any], interval: float, *, inside: CodeType | None = None
+    ) -> None:
+        if interval <= 0:
+            raise ValueError(f"interval should be a positive number of seconds, got {interval!r}")
+        self.interval = interval
+        self._inside = inside
+        labels = stage_labels(datapipe)
+        self._stages = {id(dp): dp for dp in stages_of(datapipe)}  # held: labels are by id
+        self._labels = labels
+        # code -> its stage's label, or None when several stages run it (then `self` decides)
+        self._codes: dict[CodeType, str | None] = {}
+        for dp in self._stages.values():
+            label = labels[id(dp)]
+            for code in _codes_of(type(dp)):
+                if self._codes.get(code, label) != label:
+                    self._codes[code] = None
+                else:
+                    self._codes[code] = label
+        self.cpu: dict[str, float] = {}  # label -> CPU seconds
+        self.ticks = 0  # looks that found the loader on the stack
+        self._thread_id = 0
+        self._clock: Callable[[], float] = time.process_time
+        self._last = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, thread_id: int | None = None) -> None:
+        """Start sampling ``thread_id`` (default: the calling thread) in a daemon thread."""
+        if self._thread is not None:
+            return
+        self._thread_id = threading.get_ident() if thread_id is None else thread_id
+        self._clock = thread_cpu_clock(self._thread_id)
+        self._last = self._clock()
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._loop, name="shardpipes-stage-sampler", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the sampling thread (the figures stay)."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._stop.set()
+            thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            frame = sys._current_frames().get(self._thread_id)
+            if frame is None:  # the thread ended
+                return
+            self.tick(frame)
+            del frame
+
+    def tick(self, frame: FrameType | None) -> None:
+        """Give the CPU used since the last look to the stage ``frame`` (innermost) is in."""
+        now = self._clock()
+        spent, self._last = now - self._last, now
+        label = self.where(frame)
+        if label is not None:
+            self.ticks += 1
+            self.cpu[label] = self.cpu.get(label, 0.0) + spent
+
+    def where(self, frame: FrameType | None) -> str | None:
+        """The label of the innermost stage on the stack, :data:`LOADER`, or ``None`` (not the loader's)."""
+        codes, inside = self._codes, self._inside
+        found: str | None = None
+        while frame is not None:
+            code = frame.f_code
+            if found is None and code in codes:
+                label = codes[code]
+                if label is None:  # a code several stages share: ask the frame whose it is
+                    owner = (
+                        frame.f_locals.get("self") if code.co_varnames[:1] == ("self",) else None
+                    )
+                    mine = owner is not None and self._stages.get(id(owner)) is owner
+                    label = self._labels[id(owner)] if mine else None
+                if label is not None:
+                    found = label
+                    if inside is None:
+                        return found
+            if inside is not None and code is inside:
+                return found if found is not None else LOADER
+            frame = frame.f_back
+        return LOADER if inside is None else None
