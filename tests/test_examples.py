@@ -34,6 +34,9 @@ TESTED = {
     "lightning_ddp.py": "test_lightning_ddp_ranks_run_equal_batches",
     "lightning_mixing.py": "test_lightning_mixing_resumes_exactly_under_ddp",
     "ray_train.py": "test_ray_train_workers_run_equal_batches",
+    "telemetry_logging.py": "test_telemetry_logging_names_the_costly_stage",
+    "telemetry_tensorboard.py": "test_telemetry_tensorboard_writes_the_loaders_scalars",
+    "telemetry_lightning.py": "test_telemetry_lightning_logs_figures_that_report_draws",
 }
 
 TIMEOUT = 240  # seconds for one example run; longer is a hang
@@ -263,6 +266,42 @@ def test_s3_stream_reads_every_sample_from_moto(tmp_path):
             line,
         ), line
     assert lines[-1] == "done"
+
+
+# --- telemetry_*.py -----------------------------------------------------------------------------
+
+
+def test_telemetry_logging_names_the_costly_stage(tmp_path):
+    out = run_example(python("telemetry_logging.py", "--samples", "800", "--every", "10"), tmp_path)
+    (final,) = [line for line in out.splitlines() if line.startswith("verdict: ")]
+    assert "the `map` stage costs" in final  # the hashing augmentation, of all the stages
+
+
+def test_telemetry_tensorboard_writes_the_loaders_scalars(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = run_example(
+        python("telemetry_tensorboard.py", "--logdir", "tb", "--samples", "800"), tmp_path
+    )
+    assert "verdict: " in out
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"loss", "data/wait_share", "data/samples_per_s", "data/mb_per_s"} <= tags
+    assert [e.step for e in events.Scalars("data/wait_share")] == [10, 20]  # 25 steps, every 10
+
+
+def test_telemetry_lightning_logs_figures_that_report_draws(tmp_path):
+    out = run_example(
+        python("telemetry_lightning.py", "--out", "logs", "--samples", "800"), tmp_path
+    )
+    (metrics,) = tmp_path.glob("logs/telemetry/version_*/metrics.csv")
+    assert str(metrics.relative_to(tmp_path)) in out
+    report = run_example(
+        [sys.executable, "-m", "shardpipes", "report", str(metrics), "-o", "picture.png"], tmp_path
+    )
+    assert "2 intervals drawn into picture.png" in report
+    assert (tmp_path / "picture.png").stat().st_size > 0
 
 
 # --- heavy: Lightning and Ray -------------------------------------------------------------------

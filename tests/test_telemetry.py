@@ -194,7 +194,7 @@ def test_verdict_data_bound_with_busy_workers_names_the_stage_and_more_workers()
 def test_verdict_not_data_bound_suggests_fewer_idle_workers():
     v = verdict(_snap(wait=0.2, busy=2.0, cpu=2.0, workers=4))
     assert not v.data_bound and "not data-bound: the loop waits 2% of step time" in v.text
-    assert "1 workers would do" in v.text
+    assert "1 worker would do" in v.text
 
 
 def test_verdict_workers_off_cpu_on_remote_storage_wait_on_storage():

@@ -21,7 +21,7 @@ from shardpipes.storage.counters import COUNTERS
 __all__ = ["EVERY", "WorkerReporter"]
 
 #: Seconds between two reports of a worker (its first bundle always carries one).
-EVERY = 0.5
+EVERY = 0.2
 
 
 class WorkerReporter:

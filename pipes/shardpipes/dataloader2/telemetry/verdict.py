@@ -94,7 +94,8 @@ def verdict(snapshot: Snapshot) -> Verdict:
     advice: list[str] = []
     if not bound:
         if busy is not None and busy < IDLE:
-            advice.append(f"the loader keeps up; {max(1, round(n * busy / BUSY))} workers would do")
+            need = max(1, round(n * busy / BUSY))
+            advice.append(f"the loader keeps up; {need} worker{'s' if need > 1 else ''} would do")
         else:
             advice.append("the loader keeps up; nothing to change")
     elif not n:
