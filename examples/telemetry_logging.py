@@ -25,9 +25,9 @@ from shardpipes.synthetic import write_synthetic
 
 
 def augment(sample: dict) -> dict:
-    """A costly augmentation: hashes the payload 300 times."""
+    """A costly augmentation: hashes the payload 1,500 times."""
     digest = bytes(sample[".bin"])
-    for _ in range(300):
+    for _ in range(1500):
         digest = hashlib.sha256(digest).digest()
     return {**sample, "digest": digest}
 

@@ -234,7 +234,7 @@ def test_since_and_flat():
 
 
 def _rank_run(rank: int, world: int) -> dict:
-    dp = IterableWrapper(range(48)).sharding_filter().map(burn).batch(4)
+    dp = IterableWrapper(range(96)).sharding_filter().map(burn).batch(4)
     rs = SequentialReadingService(
         DistributedReadingService(), MultiProcessingReadingService(num_workers=1)
     )
@@ -252,7 +252,7 @@ def test_each_rank_has_its_own_snapshot():
     for rank, out in enumerate(results):
         snap = Snapshot.from_dict(out["snap"])
         assert (snap.rank, snap.world_size) == (rank, 2)
-        assert snap.samples == len(out["mine"]) == 24
-        assert [w.worker for w in snap.workers] == [0] and snap.workers[0].items == 6
+        assert snap.samples == len(out["mine"]) == 48
+        assert [w.worker for w in snap.workers] == [0] and snap.workers[0].items == 12
         assert verdict(snap).stage == "map"
-    assert sorted(results[0]["mine"] + results[1]["mine"]) == list(range(48))
+    assert sorted(results[0]["mine"] + results[1]["mine"]) == list(range(96))

@@ -48,6 +48,11 @@ class WorkerFigures:
     depth: int
 
     @property
+    def idle(self) -> float:
+        """Seconds not making items: sending them, and waiting to be asked for more."""
+        return self.wall - self.busy
+
+    @property
     def busy_share(self) -> float:
         """``busy / wall`` (0 before the first report)."""
         return self.busy / self.wall if self.wall > 0 else 0.0
