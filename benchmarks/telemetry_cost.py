@@ -62,7 +62,8 @@ class Ticker:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=("setup", "off", "hooks", "ticks"))
+    ap.add_argument("mode", choices=("setup", "off", "hooks", "ticks", "ab"))
+    ap.add_argument("--rounds", type=int, default=5, help="mode ab: rounds of off/on")
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument("--every", type=int, default=64, help="samples per tick (mode ticks)")
     ap.add_argument(
@@ -79,6 +80,8 @@ def main() -> None:
     from shardpipes.datapipes.iter import IterableWrapper
 
     m = _data.ensure_dataset(_data.PRESETS["small"], args.cache_dir, log=lambda *a: None)
+    if args.mode == "ab":
+        return same_run(m, args.workers, args.rounds)
     ticker = Ticker(args.every)
     dp = (
         IterableWrapper(m["paths"])
@@ -114,6 +117,56 @@ def main() -> None:
         f"{args.mode}: {n} samples{extra}, {ticks} ticks"
         + (f", {cpu:.3f} CPU s" if args.native else "")
     )
+
+
+def same_run(m: dict, workers: int, rounds: int) -> None:
+    """Epochs with telemetry off and fully on (the default sampler), alternating in one run.
+
+    CPU seconds of this process and its reaped workers per epoch (each epoch a new loader, so
+    its workers are reaped and counted); the median of each, and their ratio.
+    """
+    import statistics
+
+    from shardpipes.dataloader2 import (
+        DataLoader2,
+        InProcessReadingService,
+        MultiProcessingReadingService,
+    )
+    from shardpipes.datapipes.iter import IterableWrapper
+
+    def cpu() -> float:
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+
+    spent: dict[str, list[float]] = {"off": [], "on": []}
+    for _ in range(rounds):
+        for mode in ("off", "on"):
+            dp = (
+                IterableWrapper(m["paths"])
+                .sharding_filter()
+                .open_files_by_fsspec(mode="rb")
+                .load_from_tar()
+                .webdataset()
+                .decode(image=None)
+                .shuffle(buffer_size=1000)
+                .batch(64)
+            )
+            rs = (
+                MultiProcessingReadingService(num_workers=workers)
+                if workers
+                else InProcessReadingService()
+            )
+            dl = DataLoader2(dp, reading_service=rs)
+            if mode == "on":
+                dl.watch()
+            t0 = cpu()
+            with dl:
+                n = sum(len(b) for b in dl)
+            spent[mode].append(cpu() - t0)
+            assert n == m["samples"]
+    off, on = statistics.median(spent["off"]), statistics.median(spent["on"])
+    print(f"workers={workers}: off {spent['off']}, on {spent['on']}")
+    print(f"median CPU s: off {off:.3f}, on {on:.3f}, on/off {on / off:.4f}")
 
 
 if __name__ == "__main__":
