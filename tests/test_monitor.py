@@ -29,7 +29,7 @@ def _loader(n: int = 96) -> DataLoader2:
 
 def test_logging_sink_logs_the_verdict_every_n_steps(caplog):
     dl = _loader()
-    telemetry = dl.watch(interval=0.002)
+    telemetry = dl.watch(interval=0.002, budget=0.5)
     sink = LoggingSink(telemetry, steps=8)
     with caplog.at_level(logging.INFO, logger="shardpipes.monitor"), dl:
         for _ in dl:
@@ -64,7 +64,7 @@ def test_tensorboard_sink_writes_scalars_summary_writer_reads_back(tmp_path):
     from torch.utils.tensorboard import SummaryWriter
 
     dl = _loader()
-    telemetry = dl.watch(interval=0.002)
+    telemetry = dl.watch(interval=0.002, budget=0.5)
     writer = SummaryWriter(str(tmp_path))
     sink = TensorBoardSink(telemetry, writer, steps=6)
     with dl:
@@ -83,7 +83,7 @@ def test_tensorboard_sink_writes_scalars_summary_writer_reads_back(tmp_path):
 def test_report_draws_what_the_figures_file_logged(tmp_path, capsys):
     path = tmp_path / "figures.jsonl"
     dl = _loader()
-    telemetry = dl.watch(interval=0.002)
+    telemetry = dl.watch(interval=0.002, budget=0.5)
     sink = FiguresFile(telemetry, path, steps=4)
     with dl:
         for _ in dl:
@@ -146,7 +146,7 @@ def test_lightning_callback_logs_to_the_trainers_csv_logger(tmp_path):
             return self.batches
 
     dl = _loader()
-    telemetry = dl.watch(interval=0.002)
+    telemetry = dl.watch(interval=0.002, budget=0.5)
     batches = LightningLoader(dl)
     trainer = pl.Trainer(
         max_epochs=1,

@@ -17,6 +17,7 @@ from shardpipes.dataloader2 import (
     SequentialReadingService,
 )
 from shardpipes.dataloader2.telemetry import (
+    BUDGET,
     LOADER,
     Snapshot,
     StageCost,
@@ -48,7 +49,7 @@ def test_the_report_names_a_deliberately_slow_stage(workers):
     dl = DataLoader2(
         _slow_graph(), reading_service=MultiProcessingReadingService(num_workers=workers)
     )
-    telemetry = dl.watch(interval=0.002)
+    telemetry = dl.watch(interval=0.002, budget=0.5)
     with dl:
         got = sorted(x for batch in dl for x in batch)
         snap = telemetry.snapshot()
@@ -59,6 +60,7 @@ def test_the_report_names_a_deliberately_slow_stage(workers):
     assert found.stage_share > 0.5  # the hashing dwarfs shuffle, batch and the split
     assert found.data_bound  # the loop does nothing but ask for batches
     assert snap.ticks > 10
+    assert snap.sampler_cpu > 0  # what the looks cost, measured by the samplers
     if workers:
         assert found.workers == 2 and found.where == "worker"
         assert sorted(w.worker for w in snap.workers) == [0, 1]
@@ -67,6 +69,17 @@ def test_the_report_names_a_deliberately_slow_stage(workers):
     else:
         assert snap.workers == () and found.where == "loader"
         assert "MultiProcessingReadingService" in found.text
+
+
+def test_the_sampler_keeps_its_cpu_within_its_budget():
+    dl = DataLoader2(_slow_graph())
+    telemetry = dl.watch(interval=0.001)  # asks for a look every millisecond
+    with dl:
+        for _ in dl:
+            pass
+        snap = telemetry.snapshot()
+    assert snap.ticks > 0
+    assert snap.sampler_share <= 2 * BUDGET  # the budget stretched the waits instead
 
 
 def test_marked_steps_give_the_share_of_step_time():
@@ -239,7 +252,7 @@ def _rank_run(rank: int, world: int) -> dict:
         DistributedReadingService(), MultiProcessingReadingService(num_workers=1)
     )
     dl = DataLoader2(dp, reading_service=rs)
-    telemetry = dl.watch(interval=0.002)
+    telemetry = dl.watch(interval=0.002, budget=0.5)
     with dl:
         mine = sorted(x for batch in dl for x in batch)
         snap = telemetry.snapshot()

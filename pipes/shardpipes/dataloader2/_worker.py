@@ -122,7 +122,7 @@ class WorkerDataset(IterableDataset[Any]):
         shm_owner: str = "",
         user_reset: Callable[[IterDataPipe[Any], Any, Any], IterDataPipe[Any]] | None = None,
         shm_tensors: bool = True,
-        telemetry: tuple[float | None] | None = None,
+        telemetry: tuple[float | None, float] | None = None,
     ) -> None:
         self.datapipe = datapipe
         self.slot = slot
@@ -135,7 +135,7 @@ class WorkerDataset(IterableDataset[Any]):
         self._sharded = False
         self._counters: list[Any] = []
         self._flows: list[Any] = []
-        self.telemetry = telemetry  # on: (stack-sample interval or None,); off: None
+        self.telemetry = telemetry  # on: (stack-sample interval or None, budget); off: None
         self._reporter: WorkerReporter | None = None
 
     def __iter__(self) -> Iterator[Any]:
@@ -170,7 +170,7 @@ class WorkerDataset(IterableDataset[Any]):
             # and read once, by the main process (formats/placed.py).
             placed.enable()
         if self.telemetry is not None and self._reporter is None:
-            self._reporter = WorkerReporter(self.datapipe, self.telemetry[0])
+            self._reporter = WorkerReporter(self.datapipe, *self.telemetry)
         # Several items per message, the epoch's drop totals with the last (_bundle.py).
         return bundles(
             worker,

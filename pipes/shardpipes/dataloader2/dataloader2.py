@@ -37,7 +37,7 @@ from shardpipes.dataloader2.reading_service import (
     SequentialReadingService,
     handed,
 )
-from shardpipes.dataloader2.telemetry import DEFAULT_INTERVAL, Telemetry
+from shardpipes.dataloader2.telemetry import BUDGET, DEFAULT_INTERVAL, Telemetry
 from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe
 from shardpipes.errors import AttestationWarning, ShardingWarning, StateMismatchError
 from shardpipes.handlers import SkipStats
@@ -292,18 +292,23 @@ class DataLoader2(Generic[T]):
         """
         self._attest.configure(every, policy, log_dir)
 
-    def watch(self, *, interval: float | None = DEFAULT_INTERVAL) -> Telemetry:
+    def watch(
+        self, *, interval: float | None = DEFAULT_INTERVAL, budget: float = BUDGET
+    ) -> Telemetry:
         """Turn telemetry on (before the first epoch) and return it; ``.snapshot()`` gives the figures.
 
         See docs/telemetry.md: the training loop's wait per batch and share of step time,
-        throughput, CPU per stage (sampled every ``interval`` seconds in each process; ``None``
+        throughput, CPU per stage (sampled every ``interval`` seconds in each process at most,
+        less often when a sampler's own CPU would pass ``budget`` of what it samples; ``None``
         for none), workers' busy time and queue depth, storage bytes, streams and retries.
         Calling it again returns the same :class:`~shardpipes.dataloader2.telemetry.Telemetry`.
         """
         if self.telemetry is None:
             if self._graph is not None:
                 raise RuntimeError("watch() must be called before the loader's first epoch")
-            self.telemetry = Telemetry(interval, skipped=lambda: _skipped(self.reading_service))
+            self.telemetry = Telemetry(
+                interval, budget=budget, skipped=lambda: _skipped(self.reading_service)
+            )
             self.reading_service.watch(self.telemetry)
         return self.telemetry
 

@@ -418,7 +418,11 @@ class MultiProcessingReadingService(ReadingServiceInterface):
                 shm_owner=self._attached.owner,
                 # torch's pin thread pins the tensors it receives; ours would arrive unpinned
                 shm_tensors=not self.pin_memory,
-                telemetry=(self._telemetry.interval,) if self._telemetry is not None else None,
+                telemetry=(
+                    (self._telemetry.interval, self._telemetry.budget)
+                    if self._telemetry is not None
+                    else None
+                ),
             ),
             batch_size=None,
             num_workers=self.num_workers,

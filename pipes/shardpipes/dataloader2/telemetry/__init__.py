@@ -14,7 +14,7 @@ one rank's figures as a :class:`Snapshot`, and :func:`verdict` reads them.
 from shardpipes.dataloader2.telemetry.names import stage_labels, stage_name
 from shardpipes.dataloader2.telemetry.recorder import DEFAULT_INTERVAL, Telemetry
 from shardpipes.dataloader2.telemetry.reporter import WorkerReporter
-from shardpipes.dataloader2.telemetry.sampler import LOADER, StageSampler
+from shardpipes.dataloader2.telemetry.sampler import BUDGET, LOADER, StageSampler
 from shardpipes.dataloader2.telemetry.snapshot import (
     Snapshot,
     StageCost,
@@ -24,6 +24,7 @@ from shardpipes.dataloader2.telemetry.snapshot import (
 from shardpipes.dataloader2.telemetry.verdict import Verdict, verdict
 
 __all__ = [
+    "BUDGET",
     "DEFAULT_INTERVAL",
     "LOADER",
     "Snapshot",

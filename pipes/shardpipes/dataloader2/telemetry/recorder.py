@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.utils.data import IterDataPipe
 
 from shardpipes.dataloader2.telemetry.names import stage_labels
-from shardpipes.dataloader2.telemetry.sampler import StageSampler
+from shardpipes.dataloader2.telemetry.sampler import BUDGET, StageSampler
 from shardpipes.dataloader2.telemetry.snapshot import (
     Snapshot,
     StageCost,
@@ -55,8 +55,10 @@ class Telemetry:
     """Figures of one loader on one rank while it runs; :meth:`snapshot` gives them.
 
     Args:
-        interval: Seconds between two samples of a process's stack for the CPU per stage;
-            ``None``: no stage figures (wait, throughput, workers and storage only).
+        interval: Seconds between two samples of a process's stack for the CPU per stage (at
+            most; longer when the budget says so); ``None``: no stage figures (wait,
+            throughput, workers and storage only).
+        budget: Each sampler's own CPU stays under this share of the CPU it samples.
         skipped: Returns what error handlers skipped so far (the loader's count).
     """
 
@@ -64,6 +66,7 @@ class Telemetry:
         self,
         interval: float | None = DEFAULT_INTERVAL,
         *,
+        budget: float = BUDGET,
         skipped: Callable[[], int] | None = None,
     ) -> None:
         if interval is not None and interval <= 0:
@@ -71,6 +74,7 @@ class Telemetry:
                 f"interval should be a positive number of seconds or None, got {interval!r}"
             )
         self.interval = interval
+        self.budget = budget
         self._skipped = skipped
         self._start: float | None = None
         self._batches = 0
@@ -95,7 +99,7 @@ class Telemetry:
         sampler = self._sampler
         if sampler is None and self.interval is not None and graph is not None:
             sampler = self._sampler = StageSampler(
-                graph, self.interval, inside=Telemetry.batches.__code__
+                graph, self.interval, inside=Telemetry.batches.__code__, budget=self.budget
             )
         while True:
             began = clock()
@@ -139,11 +143,12 @@ class Telemetry:
         stages: dict[tuple[str, str], float] = {}
         workers = []
         storage = _minus_totals(COUNTERS.totals(), self._storage0)
-        ticks = 0
+        ticks, sampler_cpu = 0, 0.0
         for worker, (fig, depth) in reports:
             for name, cpu in fig["stages"].items():
                 stages[(name, "workers")] = stages.get((name, "workers"), 0.0) + cpu
             ticks += fig["ticks"]
+            sampler_cpu += fig["sampler_cpu"]
             workers.append(
                 WorkerFigures(worker, fig["wall"], fig["busy"], fig["cpu"], fig["items"], depth)
             )
@@ -152,6 +157,7 @@ class Telemetry:
             for name, cpu in dict(self._sampler.cpu).items():
                 stages[(name, "main")] = stages.get((name, "main"), 0.0) + cpu
             ticks += self._sampler.ticks
+            sampler_cpu += self._sampler.own_cpu
         distributed = dist.is_available() and dist.is_initialized()
         steps = max(self._marks - 1, 0)
         return Snapshot(
@@ -177,6 +183,7 @@ class Telemetry:
                 storage["bytes_read"], storage["opened"], storage["closed"], storage["retries"]
             ),
             ticks=ticks,
+            sampler_cpu=sampler_cpu,
         )
 
 

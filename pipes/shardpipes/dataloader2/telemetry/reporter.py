@@ -15,7 +15,7 @@ from typing import Any
 
 from torch.utils.data import IterDataPipe
 
-from shardpipes.dataloader2.telemetry.sampler import StageSampler, thread_cpu_clock
+from shardpipes.dataloader2.telemetry.sampler import BUDGET, StageSampler, thread_cpu_clock
 from shardpipes.storage.counters import COUNTERS
 
 __all__ = ["EVERY", "WorkerReporter"]
@@ -30,9 +30,12 @@ class WorkerReporter:
     Args:
         datapipe: The worker's graph.
         interval: Seconds between two stack samples; ``None``: no stage figures.
+        budget: The stack sampler's CPU budget (:data:`~.sampler.BUDGET`).
     """
 
-    def __init__(self, datapipe: IterDataPipe[Any], interval: float | None) -> None:
+    def __init__(
+        self, datapipe: IterDataPipe[Any], interval: float | None, budget: float = BUDGET
+    ) -> None:
         self._start = time.perf_counter()
         self._sent = -EVERY
         self._cpu = thread_cpu_clock(threading.get_ident())
@@ -40,7 +43,7 @@ class WorkerReporter:
         self._storage0 = COUNTERS.totals()
         self.busy = 0.0
         self.items = 0
-        self.sampler = StageSampler(datapipe, interval) if interval else None
+        self.sampler = StageSampler(datapipe, interval, budget=budget) if interval else None
         if self.sampler is not None:
             self.sampler.start()  # this thread: the one that iterates the graph
 
@@ -70,6 +73,7 @@ class WorkerReporter:
             "items": self.items,
             "stages": dict(sampler.cpu) if sampler is not None else {},
             "ticks": sampler.ticks if sampler is not None else 0,
+            "sampler_cpu": sampler.own_cpu if sampler is not None else 0.0,
             "storage": {
                 "bytes_read": storage["bytes_read"] - base["bytes_read"],
                 "opened": storage["opened"] - base["opened"],

@@ -3,9 +3,14 @@
 A thread of its own wakes every ``interval`` seconds, reads the CPU clock of the thread that
 runs the graph, and gives the CPU spent since its last look to the innermost stage on that
 thread's stack (a stage's code is on the stack while the stage, or a function it calls, runs).
-Nothing is added to the path of a sample: the cost is one look per interval (about 10 us at
-the default 10 ms, well under 1% of a core; docs/telemetry.md has the measurement), and none
-when telemetry is off, since then no sampler exists.
+Nothing is added to the path of a sample, and nothing runs when telemetry is off, since then
+no sampler exists.
+
+A look itself takes about a microsecond, but waking a thread and taking the GIL from the one
+that runs the graph costs more, and far more on a loaded machine (measured at 120-170 us a look
+on two cores shared by a dozen busy processes). So the sampler keeps its own CPU clock and
+waits longer between looks whenever its CPU would exceed :data:`BUDGET` of the CPU it samples:
+its cost stays within the budget on any machine, and on a loaded one it looks less often.
 
 The figures are statistical: a stage that takes a share ``p`` of the thread's CPU gets close
 to ``p`` of the samples once there are a few dozen of them.
@@ -25,7 +30,12 @@ from torch.utils.data import IterDataPipe
 from shardpipes.dataloader2.graph import stages_of
 from shardpipes.dataloader2.telemetry.names import stage_labels
 
-__all__ = ["LOADER", "StageSampler", "thread_cpu_clock"]
+__all__ = ["BUDGET", "LOADER", "StageSampler", "thread_cpu_clock"]
+
+#: The sampler's own CPU is kept under this share of the CPU of the thread it samples.
+BUDGET = 0.005
+#: Longest wait between two looks, when the budget stretches it (seconds).
+MAX_WAIT = 1.0
 
 #: The label of CPU spent outside any stage: a worker's loop (sending batches), the main
 #: process receiving them, the loader's own work per batch.
@@ -82,14 +92,24 @@ class StageSampler:
         inside: A code object that marks the loader on the stack (the main process, where
             the same thread also trains): a stack without it is not the loader's and is not
             counted. ``None``: every stack counts (a worker).
+        budget: The sampler's own CPU is kept under this share of the sampled thread's CPU.
+            Default: :data:`BUDGET`.
     """
 
     def __init__(
-        self, datapipe: IterDataPipe[Any], interval: float, *, inside: CodeType | None = None
+        self,
+        datapipe: IterDataPipe[Any],
+        interval: float,
+        *,
+        inside: CodeType | None = None,
+        budget: float = BUDGET,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"interval should be a positive number of seconds, got {interval!r}")
+        if budget <= 0:
+            raise ValueError(f"budget should be a positive share, got {budget!r}")
         self.interval = interval
+        self.budget = budget
         self._inside = inside
         labels = stage_labels(datapipe)
         self._stages = {id(dp): dp for dp in stages_of(datapipe)}  # held: labels are by id
@@ -105,6 +125,8 @@ class StageSampler:
                     self._codes[code] = label
         self.cpu: dict[str, float] = {}  # label -> CPU seconds
         self.ticks = 0  # looks that found the loader on the stack
+        self.own_cpu = 0.0  # CPU seconds of the sampling thread itself: what sampling costs
+        self.target_cpu = 0.0  # CPU seconds of the sampled thread since the first look
         self._thread_id = 0
         self._clock: Callable[[], float] = time.process_time
         self._last = 0.0
@@ -132,17 +154,25 @@ class StageSampler:
             thread.join()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
+        wait = self.interval
+        start = time.thread_time()  # the thread's start-up is not a look's cost
+        while not self._stop.wait(wait):
             frame = sys._current_frames().get(self._thread_id)
             if frame is None:  # the thread ended
                 return
             self.tick(frame)
             del frame
+            self.own_cpu = time.thread_time() - start  # this thread's, wake-ups included
+            if self.own_cpu > self.budget * self.target_cpu:
+                wait = min(2 * wait, MAX_WAIT)
+            else:
+                wait = max(wait / 2, self.interval)
 
     def tick(self, frame: FrameType | None) -> None:
         """Give the CPU used since the last look to the stage ``frame`` (innermost) is in."""
         now = self._clock()
         spent, self._last = now - self._last, now
+        self.target_cpu += spent
         label = self.where(frame)
         if label is not None:
             self.ticks += 1

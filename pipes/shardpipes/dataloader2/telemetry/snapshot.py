@@ -97,6 +97,7 @@ class Snapshot:
         workers: One entry per worker process that has reported.
         storage: Bytes, streams and retries of this rank's processes.
         ticks: Stack samples the stage figures rest on.
+        sampler_cpu: CPU seconds the stack samplers themselves used (what sampling costs).
     """
 
     rank: int = 0
@@ -114,6 +115,7 @@ class Snapshot:
     workers: tuple[WorkerFigures, ...] = ()
     storage: StorageFigures = StorageFigures()
     ticks: int = 0
+    sampler_cpu: float = 0.0
 
     # -- derived figures --
 
@@ -159,6 +161,12 @@ class Snapshot:
         costs = [s for s in self.stages if where is None or s.where == where]
         total = sum(s.cpu for s in costs)
         return {self._key(s): s.cpu / total for s in costs} if total > 0 else {}
+
+    @property
+    def sampler_share(self) -> float:
+        """What sampling costs: the samplers' CPU over the CPU they sampled."""
+        sampled = sum(s.cpu for s in self.stages)
+        return self.sampler_cpu / sampled if sampled > 0 else 0.0
 
     def stage_us_per_sample(self) -> dict[str, float]:
         """Each stage's sampled CPU per sample handed out, in microseconds.
@@ -215,6 +223,7 @@ class Snapshot:
             workers=tuple(workers),
             storage=storage,
             ticks=self.ticks - earlier.ticks,
+            sampler_cpu=self.sampler_cpu - earlier.sampler_cpu,
         )
 
     # -- plain forms --
@@ -239,7 +248,8 @@ class Snapshot:
         ``wait_ms_per_step`` (per batch when no step is marked), ``samples_per_s``,
         ``batches_per_s``, ``mb_per_s``, ``open_streams``, ``retries``, ``skipped``,
         ``worker_busy`` (the mean over workers), ``worker_depth`` (their mean), and
-        ``stage_us/<stage>``: sampled CPU per sample of each stage.
+        ``stage_us/<stage>``: sampled CPU per sample of each stage, and ``sampler_share``: what
+        the sampling itself costs, as a share of the CPU it sampled.
         """
         out = {
             "wait_share": self.wait_share,
@@ -252,6 +262,8 @@ class Snapshot:
             "retries": float(sum(self.storage.retries.values())),
             "skipped": float(self.skipped),
         }
+        if self.ticks:
+            out["sampler_share"] = self.sampler_share
         if self.workers:
             out["worker_busy"] = sum(w.busy_share for w in self.workers) / len(self.workers)
             out["worker_depth"] = sum(w.depth for w in self.workers) / len(self.workers)
