@@ -33,7 +33,7 @@ from shardpipes.dataloader2.telemetry.names import stage_labels
 __all__ = ["BUDGET", "LOADER", "StageSampler", "thread_cpu_clock"]
 
 #: The sampler's own CPU is kept under this share of the CPU of the thread it samples.
-BUDGET = 0.005
+BUDGET = 0.003
 #: Longest wait between two looks, when the budget stretches it (seconds).
 MAX_WAIT = 1.0
 
