@@ -391,7 +391,9 @@ def _resize_rgbx(crop: Any, size: tuple[int, int], *, use_torch: bool | None = N
         import torch
         import torch.nn.functional as F
 
-        nchw = torch.from_numpy(crop).permute(2, 0, 1).unsqueeze(0)  # channels-last, contiguous
+        # NCHW over the HWC memory, channels-last with a batch stride of its own: the output is
+        # then channels-last too, written straight by the kernel (else packed in a second pass)
+        nchw = torch.from_numpy(crop).unsqueeze(0).permute(0, 3, 1, 2)
         out = F.interpolate(
             nchw, size=(size[1], size[0]), mode="bilinear", antialias=True, align_corners=False
         )
