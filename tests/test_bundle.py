@@ -292,8 +292,8 @@ def test_a_message_dropped_unread_frees_its_block_and_a_read_one_waits_for_its_v
 
     from shardpipes.dataloader2._shm import _SEQ, Ring
 
-    ring = Ring(2, Attachments().owner)
     attached = Attachments()
+    ring = Ring(attached.make(1, 2)[0], attached.owner)
     try:
         sent = ring.pack([np.arange(100_000)])
         block = next(b for b in ring.blocks if b is not None and b.name == sent.name)
@@ -315,7 +315,5 @@ def test_a_message_dropped_unread_frees_its_block_and_a_read_one_waits_for_its_v
         assert free()
         del sent  # the worker's own copy gives nothing back
     finally:
+        ring.close()
         attached.close()
-        for b in ring.blocks:
-            if b is not None:
-                b.close()

@@ -179,7 +179,7 @@ def test_a_span_of_a_place_carries_no_bytes_in_the_block(tmp_path):
     data = os.urandom(MIN_BYTES * 2)
     _, v = _placed_value(tmp_path, data)
     attached = _shm.Attachments()
-    ring = _shm.Ring(slots=2, owner=attached.owner)
+    ring = _shm.Ring(attached.make(1, 2)[0], attached.owner)
     try:
         packed = ring.pack([[{"x": v, "y": 1}]])
         ((kind, _, _, spans),) = packed.entries

@@ -129,11 +129,9 @@ class Bundle:
             entries = [
                 e if e[0] in _NO_TENSORS else (e[0], _pin(e[1]), *e[2:]) for e in payload.entries
             ]
-            pinned = Bundled(payload.name, payload.seq, entries)
             # The pinned copy is what will be read: it, not the copy dropped here, gives the
             # block back if it is dropped unread.
-            pinned.read, payload.read = payload.read, None
-            payload = pinned
+            payload = payload.with_entries(entries)
         else:
             payload = _pin(payload)
         return Bundle(self.worker, payload, *self._args()[2:])

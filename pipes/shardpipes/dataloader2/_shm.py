@@ -55,23 +55,22 @@ import copyreg
 import io
 import logging
 import mmap
-import os
 import pickle
 import secrets
 import struct
 import weakref
-from multiprocessing import resource_tracker, shared_memory
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, cast
 
 import numpy as np
 import torch
 
+from shardpipes.dataloader2._blocks import PREFIX, Handle, Mapping, grow, make_block, remove_stale
 from shardpipes.formats import placed
 from shardpipes.formats.placed import PlacedBytes
 from shardpipes.formats.stream import StreamBytes
 
-__all__ = ["MIN_BYTES", "Attachments", "Bundled", "Reader", "Ring"]
+__all__ = ["MIN_BYTES", "PREFIX", "Attachments", "Bundled", "Reader", "Ring"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +81,6 @@ _MIN_BLOCK = 8 << 20
 _SEQ = struct.Struct("<q")  # at 0: the batch last written; at 8: the batch last copied out
 _ALIGN = 64  # each value starts at a multiple of this in its block
 _HEADER_SIZE = _ALIGN  # the two numbers, then the values
-PREFIX = "spipe_"  # short: macOS allows 31 characters in a shared-memory name
 
 # What a span holds (the first number of a span). _PLACE: nothing in the block; a member the
 # worker never read, read by the main process from its file (formats/placed.py).
@@ -120,27 +118,53 @@ class Bundled:
     ``None`` for ``bytes``), ``(_VALUES, skeleton, spans)`` (the same, the skeleton with the
     message: it holds tensors for torch's queue), ``(_INLINE, pickled)`` or ``(_AS_IS, item)``. ``name`` is
     ``None`` when no block was free or needed: then there are only the last two kinds.
+    ``owner``: the loader whose workers wrote it (:attr:`Attachments.owner`); ``index``: the
+    block's number among the loader's blocks; ``size``: its size when it was written.
     """
 
-    __slots__ = ("entries", "name", "read", "seq")
+    __slots__ = ("block", "entries", "index", "name", "owner", "read", "seq", "size")
 
-    def __init__(self, name: str | None, seq: int, entries: list[tuple[Any, ...]]) -> None:
+    def __init__(
+        self,
+        name: str | None,
+        seq: int,
+        entries: list[tuple[Any, ...]],
+        owner: str = "",
+        index: int = -1,
+        size: int = 0,
+    ) -> None:
         self.name = name
         self.seq = seq
         self.entries = entries
+        self.owner = owner
+        self.index = index
+        self.size = size
         # In the main process (_received): False until a Reader takes it. None: a worker's.
         self.read: bool | None = None
+        self.block: Mapping | None = None  # in the main process: the block, mapped
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_received, (self.name, self.seq, self.entries))
+        args = (self.name, self.seq, self.entries, self.owner, self.index, self.size)
+        return (_received, args)
+
+    def with_entries(self, entries: list[tuple[Any, ...]]) -> Bundled:
+        """The same message with other entries (pinned ones); it gives the block back now."""
+        other = Bundled(self.name, self.seq, entries, self.owner, self.index, self.size)
+        other.block = self.block
+        other.read, self.read = self.read, None
+        return other
 
     def __del__(self) -> None:
         # A message the main process received and dropped unread (torch drains the queue
         # when a persistent pool starts its next epoch, after a loop left the last one
         # early): its block goes back to the worker, which would otherwise never reuse it
         # (after a few such epochs every batch was pickled instead).
-        if getattr(self, "read", None) is False and self.name is not None:
-            _give_back_by_name(self.name, self.seq)
+        block = getattr(self, "block", None)
+        if getattr(self, "read", None) is False and block is not None:
+            with contextlib.suppress(Exception):  # in __del__ (also at interpreter exit)
+                buf = block.buf
+                if buf is not None and _SEQ.unpack_from(buf, 0)[0] == self.seq:
+                    _give_back(buf, self.seq)  # (not written again since: never should be)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -325,32 +349,24 @@ def _lent(lease: np.ndarray, span: tuple[Any, ...]) -> Any:
     return np.frombuffer(lease, dtype=dtype, count=n // dtype.itemsize, offset=at).reshape(shape)
 
 
-def _received(name: str | None, seq: int, entries: list[tuple[Any, ...]]) -> Bundled:
-    """A :class:`Bundled` as the main process unpickles it: given back if dropped unread."""
-    bundled = Bundled(name, seq, entries)
-    bundled.read = False
-    return bundled
+def _received(
+    name: str | None,
+    seq: int,
+    entries: list[tuple[Any, ...]],
+    owner: str = "",
+    index: int = -1,
+    size: int = 0,
+) -> Bundled:
+    """A :class:`Bundled` as the main process unpickles it: its block mapped at once.
 
-
-def _give_back_by_name(name: str, seq: int) -> None:
-    """Mark block ``name`` free of batch ``seq``, which nothing read (see ``Bundled.__del__``).
-
-    The block is opened by its name and only its first 16 bytes mapped, without a
-    ``SharedMemory`` (which would register the name with the resource tracker a second time;
-    the loader removes its blocks itself).
+    At once, so that a message dropped unread still gives its block back.
     """
-    try:
-        fd = shared_memory._posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)  # type: ignore[attr-defined]
-    except Exception:  # removed since (the loader closed, the worker replaced it)
-        return
-    try:
-        with mmap.mmap(fd, _SEQ.size * 2) as head:
-            if _SEQ.unpack_from(head, 0)[0] == seq:  # not written again since (never should be)
-                _give_back(head, seq)
-    except Exception:  # in __del__ (also at interpreter exit): never raise
-        pass
-    finally:
-        os.close(fd)
+    bundled = Bundled(name, seq, entries, owner, index, size)
+    bundled.read = False
+    attached = _LOADERS.get(owner) if name is not None else None
+    if attached is not None:
+        bundled.block = attached.attach(index, size)
+    return bundled
 
 
 def _check_written(buf: memoryview, name: str, seq: int) -> None:
@@ -395,31 +411,33 @@ def _no_tensors_table() -> dict[Any, Any]:
 class Ring:
     """A worker's blocks (``slots`` of them), written round-robin, one message per block.
 
-    Blocks are named ``spipe_<owner>_<worker pid>_<slot>_<generation>`` and removed by the
-    main process (:meth:`Attachments.close`, which also removes any a dead worker left behind);
-    ``owner`` is :attr:`Attachments.owner` of the loader they belong to. Where shared memory
-    cannot be made (no ``/dev/shm``, a full one), batches are pickled as they would be without
-    the ring.
+    ``handles``: the worker's blocks, made by the main process (:meth:`Attachments.make`);
+    they have no name anyone can find (``_blocks.py``), and the kernel frees them with the last
+    process that maps them. ``owner`` is :attr:`Attachments.owner` of the loader they belong to.
+    Where no block can be made (a full tmpfs, no memory), batches are pickled as they would be
+    without the ring: all of them if the worker has no block yet, else those that find no free
+    block.
     """
 
-    def __init__(self, slots: int, owner: str, *, tensors: bool = True) -> None:
-        self.slots = slots
+    def __init__(self, handles: list[Handle], owner: str, *, tensors: bool = True) -> None:
+        self.handles = handles
+        self.slots = slots = len(handles)
         self.leaves = _LEAVES if tensors else _LEAVES_NO_TENSORS
         # Whole batches of small values go through the blocks too, unless torch's pin thread
         # must see the tensors they may hold (pin_memory: tensors=False).
         self.whole = tensors
         self._table = _no_tensors_table()
         self.owner = owner
-        self.blocks: list[shared_memory.SharedMemory | None] = [None] * slots
-        self.generation = 0
+        self.blocks: list[Mapping | None] = [None] * slots  # each as large as it was made
         self.seq = 0
-        self.broken = False
+        self.broken = not slots  # no block can be had, and there is none: pickle everything
+        self.full = False  # a block could not be made larger: no more are tried
         # The files of the members a block's batch sent by their place, held open until the
         # main process gives the block back (it has read them then): formats/placed.py.
         self.held: dict[str, list[Any]] = {}
         self.packed_bytes = -1  # of the last seal()
 
-    def _block(self, slot: int, size: int) -> shared_memory.SharedMemory | None:
+    def _block(self, slot: int, size: int) -> Mapping | None:
         """The block of ``slot`` if it is free and holds ``size`` bytes (a new one if need be)."""
         block = self.blocks[slot]
         if block is not None:
@@ -428,29 +446,29 @@ class Ring:
                 return None  # the main process has not copied this block's batch out yet
             if block.size >= size:
                 return block
-            # Too small, and free: a larger one in its place. The main process unmaps the old
-            # one when a batch names the new one; the name is removed here.
+            # Too small, and free: made larger. The main process maps it again when a batch
+            # says it is larger than it has it.
             self.blocks[slot] = None
             self.held.pop(block.name, None)
             block.close()
-            with contextlib.suppress(FileNotFoundError):
-                # Not block.unlink(): that also tells this worker's resource tracker, which
-                # was told at creation (see below) that the main process removes the block.
-                shared_memory._posixshmem.shm_unlink(block._name)  # type: ignore[attr-defined]
-        self.generation += 1
-        name = f"{PREFIX}{self.owner}_{os.getpid()}_{slot}_{self.generation}"
+        if self.full:
+            return None
+        handle = self.handles[slot]
         # Room for half as much again as this batch.
         try:
-            block = shared_memory.SharedMemory(
-                name, create=True, size=max(size * 3 // 2, _MIN_BLOCK)
-            )
+            grown = max(size * 3 // 2, _MIN_BLOCK)
+            fd = handle.fd()
+            grow(fd, grown, named=handle.named)
+            block = Mapping(fd, handle.name, grown)
         except OSError as exc:
-            logger.warning("no shared memory for large payloads (%s); pickling them", exc)
-            self.broken = True
+            self.full = True
+            self.broken = not any(self.blocks)
+            logger.warning(
+                "no shared memory for large payloads (%s); %s",
+                exc,
+                "pickling them" if self.broken else "pickling those that find no free block",
+            )
             return None
-        # The main process removes it; without this, this worker's resource tracker would
-        # call it leaked (and try to remove it again) when the worker exits.
-        resource_tracker.unregister(block._name, "shared_memory")  # type: ignore[attr-defined]
         self.blocks[slot] = block
         return block
 
@@ -536,13 +554,14 @@ class Ring:
             else:
                 written.append(entry)
         self.held[block.name] = held
-        return Bundled(block.name, self.seq, written)
+        index = self.handles[self.blocks.index(block)].index
+        return Bundled(block.name, self.seq, written, self.owner, index, block.size)
 
     def pack(self, items: list[Any]) -> Bundled:
         """``items`` in the next free block (:meth:`prepare` each, then :meth:`seal`)."""
         return self.seal([self.prepare(x) for x in items])
 
-    def _free_block(self, size: int) -> shared_memory.SharedMemory | None:
+    def _free_block(self, size: int) -> Mapping | None:
         # The next slot, or the first free one after it: the main process lends the tensors
         # and arrays of a batch straight from its block and frees it when they are gone.
         for step in range(self.slots):
@@ -550,6 +569,16 @@ class Ring:
             if block is not None or self.broken:
                 return block
         return None
+
+    def close(self) -> None:
+        """Let go of the blocks (the main process may still map them: they live on there)."""
+        for block in self.blocks:
+            if block is not None:
+                block.close()
+        for handle in self.handles:
+            handle.close()
+        self.blocks = [None] * self.slots
+        self.held.clear()
 
 
 def _block_bytes(entry: tuple[Any, ...]) -> int:
@@ -597,36 +626,64 @@ _KEEP_HEAP_MAX = 32 << 20  # glibc's largest adaptive threshold (DEFAULT_MMAP_TH
 
 
 class Attachments:
-    """The main process's side: blocks it has mapped, by name; unlinks them at :meth:`close`."""
+    """The main process's side: its workers' blocks; what of them is mapped; unmapped at :meth:`close`.
+
+    :meth:`make` makes the blocks (before the workers start). A block is mapped, or mapped
+    again when its worker made it larger, when a message written into it is unpickled.
+    Creating one runs the janitor (``_blocks.remove_stale``): names of blocks whose maker died
+    in the instant a name lives.
+    """
 
     def __init__(self) -> None:
-        self.blocks: dict[str, shared_memory.SharedMemory] = {}
-        self._slots: dict[str, str] = {}  # a worker's slot -> the name of its current block
-        # Names this loader's blocks (two loaders in one process, such as training and
-        # validation, must not remove each other's blocks).
+        self.blocks: dict[int, Mapping] = {}  # by number: those a message was written into
+        self.handles: list[Handle] = []  # every block made, by number
+        # Tells this loader's messages apart (two loaders in one process, such as training and
+        # validation, each map their own workers' blocks).
         self.owner = secrets.token_hex(4)
         self.heap_kept = 0  # the largest batch payload _keep_heap was run for
+        _LOADERS[self.owner] = self
+        # A loader dropped without shutdown() closes its descriptors when it is collected.
+        weakref.finalize(self, _close_handles, self.handles)
+        remove_stale()
 
-    def _attach(self, name: str) -> shared_memory.SharedMemory:
-        block = self.blocks[name] = shared_memory.SharedMemory(name)
-        slot = name.rsplit("_", 1)[0]
-        old = self._slots.get(slot)
-        self._slots[slot] = name
-        if old is not None:
-            # The worker replaced a free block by a larger one and removed the old name.
-            replaced = self.blocks.pop(old)
-            _unmap(replaced)
-            resource_tracker.unregister(replaced._name, "shared_memory")  # type: ignore[attr-defined]
-        return block
+    def make(self, workers: int, slots: int) -> list[list[Handle]]:
+        """``slots`` new, empty blocks for each of ``workers`` workers (none if none can be had)."""
+        made: list[list[Handle]] = []
+        try:
+            for _ in range(workers):
+                row = []
+                for _ in range(slots):
+                    fd, name, named = make_block()
+                    handle = Handle(len(self.handles), name, fd, named)
+                    self.handles.append(handle)
+                    row.append(handle)
+                made.append(row)
+        except OSError as exc:
+            logger.warning("no shared memory for large payloads (%s); pickling them", exc)
+            return [[] for _ in range(workers)]
+        return made
+
+    def attach(self, index: int, size: int) -> Mapping | None:
+        """Block ``index``, mapped for at least ``size`` bytes (``None``: not this loader's)."""
+        block = self.blocks.get(index)
+        if block is not None and block.size >= size:
+            return block
+        if not 0 <= index < len(self.handles):
+            return None
+        handle = self.handles[index]
+        fresh = self.blocks[index] = Mapping(handle.fd(), handle.name, size)
+        if block is not None:
+            block.close()  # its worker made it larger (values lent from it keep their map)
+        return fresh
 
     def reader(self, bundled: Bundled) -> Reader:
         """Reads the items of ``bundled`` one by one (:meth:`Reader.load`)."""
         bundled.read = True
-        block = None
-        if bundled.name is not None:
-            block = self.blocks.get(bundled.name)
+        block = bundled.block
+        if block is None and bundled.name is not None:
+            block = self.attach(bundled.index, bundled.size)  # a message never pickled (tests)
             if block is None:
-                block = self._attach(bundled.name)
+                raise RuntimeError(f"shared-memory block {bundled.name} is not this loader's")
         return Reader(self, bundled, block)
 
     def unpack(self, payload: Any) -> Any:
@@ -637,23 +694,23 @@ class Attachments:
         return [reader.load(i) for i in range(len(payload))]
 
     def close(self) -> None:
-        """Unmap and remove every block seen (the workers have stopped)."""
+        """Unmap and close every block (the workers have stopped: the kernel frees them then)."""
         for block in self.blocks.values():
-            _unmap(block)
-            try:
-                block.unlink()  # also tells the resource tracker it is gone
-            except FileNotFoundError:
-                resource_tracker.unregister(block._name, "shared_memory")  # type: ignore[attr-defined]
+            block.close()
         self.blocks.clear()
-        self._slots.clear()
+        for handle in self.handles:
+            handle.close()
+        self.handles.clear()
         placed.close_files()  # the shards this process read members from (another loader's reopen)
-        # Blocks a worker made but never sent (it died first): remove them by name.
-        shm = "/dev/shm"
-        if os.path.isdir(shm):
-            for name in os.listdir(shm):
-                if name.startswith(f"{PREFIX}{self.owner}_"):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(os.path.join(shm, name))
+
+
+def _close_handles(handles: list[Handle]) -> None:
+    for handle in handles:
+        handle.close()
+
+
+# The loaders of this process by owner, for messages unpickled by torch's queue (_received).
+_LOADERS: weakref.WeakValueDictionary[str, Attachments] = weakref.WeakValueDictionary()
 
 
 class Reader:
@@ -667,9 +724,7 @@ class Reader:
 
     __slots__ = ("attached", "buf", "entries", "lease", "left", "name", "seq")
 
-    def __init__(
-        self, attached: Attachments, bundled: Bundled, block: shared_memory.SharedMemory | None
-    ) -> None:
+    def __init__(self, attached: Attachments, bundled: Bundled, block: Mapping | None) -> None:
         self.attached = attached
         self.entries = list(bundled.entries)
         self.left = len(self.entries)
@@ -718,14 +773,3 @@ class Reader:
             for span in spans
         ]
         return _restore(skeleton, 2, values)
-
-
-def _unmap(block: shared_memory.SharedMemory) -> None:
-    """Unmap ``block`` now, or, while tensors or arrays lent from it live, when they are gone."""
-    try:
-        block.close()
-    except BufferError:
-        # Still lent out: the values hold the block's view, which holds its map; let go of
-        # both here, and the map goes when the last value made from it is freed.
-        block._buf = None  # type: ignore[attr-defined]
-        block._mmap = None  # type: ignore[attr-defined]

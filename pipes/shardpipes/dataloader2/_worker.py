@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, IterDataPipe, get_worker_info
 
+from shardpipes.dataloader2._blocks import Handle
 from shardpipes.dataloader2._bundle import bundles
 from shardpipes.dataloader2._copy import copy_graph
 from shardpipes.dataloader2._shm import Ring
@@ -117,7 +118,7 @@ class WorkerDataset(IterableDataset[Any]):
         datapipe: IterDataPipe[Any],
         slot: EpochSlot,
         user_init: Callable[[IterDataPipe[Any], Any], IterDataPipe[Any]] | None,
-        shm_slots: int = 0,
+        shm_blocks: list[list[Handle]] | None = None,
         shm_owner: str = "",
         user_reset: Callable[[IterDataPipe[Any], Any, Any], IterDataPipe[Any]] | None = None,
         shm_tensors: bool = True,
@@ -126,8 +127,9 @@ class WorkerDataset(IterableDataset[Any]):
         self.slot = slot
         self.user_init = user_init
         self.user_reset = user_reset
-        self.shm_slots = shm_slots  # blocks of the shared-memory ring; 0: pickle everything
-        self._owner = shm_owner  # names the blocks; the main process removes them
+        # each worker's shared-memory blocks (Attachments.make); None: pickle everything
+        self.shm_blocks = shm_blocks
+        self._owner = shm_owner  # the loader the blocks belong to
         self.shm_tensors = shm_tensors  # False: tensors go through torch's queues (to be pinned)
         self._ring: Ring | None = None
         self._sharded = False
@@ -160,8 +162,13 @@ class WorkerDataset(IterableDataset[Any]):
             )
         if info is None:
             return iter(self.datapipe)
-        if self.shm_slots and self._ring is None:
-            self._ring = Ring(self.shm_slots, self._owner, tensors=self.shm_tensors)
+        if self.shm_blocks is not None and self._ring is None:
+            for other, handles in enumerate(self.shm_blocks):
+                if other != worker:  # another worker's blocks: this one lets go of them
+                    for handle in handles:
+                        handle.close()
+            own = self.shm_blocks[worker]
+            self._ring = Ring(own, self._owner, tensors=self.shm_tensors)
             # Large members no stage here reads are sent by where they lie in their shard,
             # and read once, by the main process (formats/placed.py).
             placed.enable()

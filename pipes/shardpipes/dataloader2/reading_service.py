@@ -403,7 +403,7 @@ class MultiProcessingReadingService(ReadingServiceInterface):
                 self._core,
                 self._slot,
                 self.worker_init_fn,
-                shm_slots=self.worker_prefetch_cnt + 2,
+                shm_blocks=self._attached.make(self.num_workers, self.worker_prefetch_cnt + 2),
                 user_reset=self.worker_reset_fn,
                 shm_owner=self._attached.owner,
                 # torch's pin thread pins the tensors it receives; ours would arrive unpinned
