@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 
-from shardpipes.dataloader2._blocks import PREFIX_ENV
+from shardpipes.dataloader2.workers.blocks import PREFIX_ENV
 
 __all__ = ["PREFIX_ENV", "blocks_left", "named_blocks", "new_prefix", "processes_holding"]
 

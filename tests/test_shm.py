@@ -13,16 +13,10 @@ from torch.utils.data.datapipes.datapipe import DataChunk
 
 from _shm_blocks import PREFIX_ENV, blocks_left, named_blocks, new_prefix
 from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService
-from shardpipes.dataloader2._shm import (
-    _AS_IS,
-    _INLINE,
-    _PICKLED,
-    _SKELETON,
-    _VALUES,
-    MIN_BYTES,
-    Attachments,
-    Ring,
-)
+from shardpipes.dataloader2.workers.attachments import Attachments
+from shardpipes.dataloader2.workers.messages import AsIs, Inline, Pickled, Skeleton, Values
+from shardpipes.dataloader2.workers.ring import Ring
+from shardpipes.dataloader2.workers.values import MIN_BYTES
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.formats.stream import StreamBytes
 from shardpipes.synthetic import write_synthetic
@@ -52,32 +46,32 @@ def unpack(attached, bundled):
 
 def kind(bundled):
     (entry,) = bundled.entries
-    return entry[0]
+    return type(entry)
 
 
 def spans(bundled):
     """Where the large values of a bundle of one item are in its block."""
     (entry,) = bundled.entries
-    assert entry[0] in (_SKELETON, _VALUES)
-    return entry[3] if entry[0] == _SKELETON else entry[2]
+    assert type(entry) in (Skeleton, Values)
+    return entry.spans
 
 
 def skeleton(bundled, attached):
     """The rest of the item: pickled into the block, or with the message if it holds tensors."""
     (entry,) = bundled.entries
-    if entry[0] == _VALUES:
-        return entry[1]
-    assert entry[0] == _SKELETON
+    if type(entry) is Values:
+        return entry.skeleton
+    assert type(entry) is Skeleton
     block = attached.reader(bundled).buf
-    return pickle.loads(block[entry[1] : entry[1] + entry[2]])
+    return pickle.loads(block[entry.at : entry.at + entry.nbytes])
 
 
 def sent_as_is(bundled, batch):
     """Nothing in a block: ``batch`` itself goes with the message (torch's queue)."""
     return (
         bundled.name is None
-        and bundled.entries == [(_AS_IS, batch)]
-        and (bundled.entries[0][1] is batch)
+        and bundled.entries == [AsIs(batch)]
+        and (bundled.entries[0].item is batch)
     )
 
 
@@ -89,7 +83,7 @@ def test_pack_and_unpack_give_back_the_same_batch():
     try:
         packed = pack(ring, batch)
         assert len(spans(packed)) == 2
-        assert kind(packed) == _SKELETON  # the rest of the batch is in the block too
+        assert kind(packed) == Skeleton  # the rest of the batch is in the block too
         rest = skeleton(packed, attached)
         assert all(len(v) < 100 for v in rest[0].values() if isinstance(v, bytes))
         back = unpack(attached, packed)
@@ -97,7 +91,7 @@ def test_pack_and_unpack_give_back_the_same_batch():
         assert type(back[0][".bin"]) is bytes
         plain = [{"a": small}, (1, 2)]
         pickled = pack(ring, plain)  # nothing large: the whole batch pickled into a block
-        assert kind(pickled) == _PICKLED and unpack(attached, pickled) == plain
+        assert kind(pickled) == Pickled and unpack(attached, pickled) == plain
         assert sent_as_is(pack(ring, (1, 2)), (1, 2))  # not a batch (a list): sent as it is
         for i in range(5):  # the ring wraps around and keeps serving exact copies
             item = (os.urandom(MIN_BYTES + i), i)
@@ -118,7 +112,7 @@ def test_a_batch_larger_than_its_block_gets_a_larger_block():
         old = attached.blocks[ring.handles[1].index]
         huge = [os.urandom(9 << 20)]
         packed = pack(ring, huge)
-        assert kind(packed) == _SKELETON and ring.blocks[1].size > 9 << 20
+        assert kind(packed) == Skeleton and ring.blocks[1].size > 9 << 20
         assert unpack(attached, packed) == huge
         # the same block, made larger: mapped again here, the old map let go of
         assert attached.blocks[ring.handles[1].index].size > 9 << 20 and old.buf is None
@@ -139,11 +133,11 @@ def test_a_block_not_yet_copied_out_is_not_written_again():
         packed = pack(ring, first)
         second = [os.urandom(MIN_BYTES)]
         instead = pack(ring, second)  # the only block still holds `first`
-        assert instead.name is None and instead.entries == [(_AS_IS, second)]
+        assert instead.name is None and instead.entries == [AsIs(second)]
         small = pack(ring, [1, 2])  # a batch for the block, none free: pickled with the message
-        assert small.name is None and kind(small) == _INLINE and unpack(attached, small) == [1, 2]
+        assert small.name is None and kind(small) == Inline and unpack(attached, small) == [1, 2]
         assert unpack(attached, packed) == first  # intact
-        assert kind(pack(ring, second)) == _SKELETON  # copied out: the block is free again
+        assert kind(pack(ring, second)) == Skeleton  # copied out: the block is free again
     finally:
         ring.close()
         attached.close()
@@ -211,13 +205,14 @@ def test_without_shared_memory_batches_are_pickled(monkeypatch, tmp_path):
     ring = Ring(Attachments().make(1, 2)[0], "test")
     item = [os.urandom(MIN_BYTES)]
     first = pack(ring, item)
-    assert first.name is None and first.entries == [(_AS_IS, item)] and ring.broken
+    assert first.name is None and first.entries == [AsIs(item)] and ring.broken
     assert sent_as_is(pack(ring, item), item)  # it does not try again for every batch
 
 
 _FAULTS_PER_BATCH = """
 import os, resource
-from shardpipes.dataloader2._shm import Attachments, Ring
+from shardpipes.dataloader2.workers.attachments import Attachments
+from shardpipes.dataloader2.workers.ring import Ring
 attached = Attachments()
 ring = Ring(attached.make(1, 3)[0], attached.owner)
 batch = [{".bin": os.urandom(100_000)} for _ in range(64)]  # the large preset: 6.4 MB
@@ -342,7 +337,7 @@ def test_tensors_that_are_more_than_their_contents_are_left_to_torch():
         assert sent_as_is(pack(ring, batch), batch)
         packed = pack(ring, [{**others, "plain": torch.ones(3)}])
         assert len(spans(packed)) == 1  # only the plain tensor
-        assert all(packed.entries[0][1][0][k] is v for k, v in others.items())
+        assert all(packed.entries[0].skeleton[0][k] is v for k, v in others.items())
     finally:
         ring.close()
         attached.close()
@@ -364,7 +359,7 @@ def test_a_batch_of_small_values_is_pickled_into_a_block_unless_it_holds_tensors
             {"__key__": f"k{i}", ".cls": i, ".bin": StreamBytes(os.urandom(100))} for i in range(64)
         ]
         packed = pack(ring, small)
-        assert kind(packed) == _PICKLED and packed.entries[0][2] > 64 * 100
+        assert kind(packed) == Pickled and packed.entries[0].nbytes > 64 * 100
         back = unpack(attached, packed)
         assert back == small and type(back[0][".bin"]) is StreamBytes
         nested = [{"deep": {"deeper": [torch.ones(2)]}}]  # a tensor at any depth: torch's queue
@@ -460,7 +455,7 @@ def test_without_tensors_a_ring_leaves_them_to_torch():
         t, big = torch.ones(3), os.urandom(MIN_BYTES)
         packed = pack(ring, [{"x": t, "b": big}])
         assert len(spans(packed)) == 1  # the bytes only
-        assert packed.entries[0][1][0]["x"] is t
+        assert packed.entries[0].skeleton[0]["x"] is t
         only = [{"x": t}]
         assert sent_as_is(pack(ring, only), only)
     finally:
@@ -501,7 +496,7 @@ def test_tensors_and_arrays_are_lent_from_the_block_until_they_are_gone():
         assert first._base is None and first.is_contiguous()
         # the block is lent: the ring writes its other block, then has none free
         other = [torch.ones(5000)]
-        assert kind(pack(ring, other)) == _SKELETON
+        assert kind(pack(ring, other)) == Skeleton
         third = [torch.zeros(5000)]
         assert pack(ring, third).name is None  # no block free: with the message
         kept = first.clone()
@@ -512,7 +507,7 @@ def test_tensors_and_arrays_are_lent_from_the_block_until_they_are_gone():
         del first
         gc.collect()
         packed = pack(ring, third)  # every value gone: the block is free again
-        assert kind(packed) == _SKELETON
+        assert kind(packed) == Skeleton
         assert torch.equal(unpack(attached, packed)[0], third[0])
     finally:
         ring.close()
@@ -567,7 +562,7 @@ def test_a_block_is_chosen_by_what_its_values_take_once_aligned():
         bigs = [os.urandom(MIN_BYTES + 1) for _ in range(250)]  # 8.2 MB, 8.21 MB aligned
         tiny = [torch.tensor([i % 256], dtype=torch.uint8) for i in range(3000)]  # 3 KB, 192 KB
         packed = pack(ring, bigs + tiny)
-        assert kind(packed) == _SKELETON and ring.blocks[0].size > 8 << 20  # a larger block
+        assert kind(packed) == Skeleton and ring.blocks[0].size > 8 << 20  # a larger block
         back = unpack(attached, packed)
         assert back[:250] == bigs
         assert all(torch.equal(a, b) for a, b in zip(back[250:], tiny, strict=True))

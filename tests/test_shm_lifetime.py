@@ -21,7 +21,7 @@ import time
 import pytest
 
 from _shm_blocks import PREFIX_ENV, blocks_left, named_blocks, new_prefix, processes_holding
-from shardpipes.dataloader2._blocks import DIR_ENV, make_block, prefix, remove_stale
+from shardpipes.dataloader2.workers.blocks import DIR_ENV, make_block, prefix, remove_stale
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.synthetic import write_synthetic
 

@@ -1,6 +1,6 @@
 """Shared-memory blocks that never outlive the processes that map them.
 
-The main process makes every block of its workers' rings (``_shm.py``) before they start,
+The main process makes every block of its workers' rings (``ring.py``) before they start,
 without a name anyone could find later: on Linux an anonymous ``memfd_create`` file; elsewhere,
 or in a directory the user chose (:data:`DIR_ENV`), a file made with ``O_EXCL`` whose name is
 removed as soon as it is open. Each worker gets its blocks as file descriptors (:class:`Handle`:
