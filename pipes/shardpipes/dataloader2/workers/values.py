@@ -12,6 +12,7 @@ takes no room: its span names its place in its file.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -175,6 +176,9 @@ def aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
+_new: Callable[[type[Span], tuple[Any, ...]], Span] = tuple.__new__  # (faster than Span(...))
+
+
 def write(buf: memoryview, at: int, x: Any) -> Span:
     """Copy ``x`` into ``buf`` at ``at``; return its span."""
     kind = _kind(x)
@@ -184,30 +188,29 @@ def write(buf: memoryview, at: int, x: Any) -> Span:
             dst = torch.frombuffer(buf, dtype=torch.uint8, count=n, offset=at)
             dst.copy_(x.reshape(-1).view(torch.uint8))
             del dst
-        return TensorSpan(at, n, x.dtype, tuple(x.shape))
+        return _new(TensorSpan, (at, n, x.dtype, tuple(x.shape)))
     if kind == _ARRAY:
         if n:
             np.copyto(np.frombuffer(buf, np.uint8, n, at), x.reshape(-1).view(np.uint8))
-        return ArraySpan(at, n, x.dtype, x.shape)
+        return _new(ArraySpan, (at, n, x.dtype, x.shape))
     if kind == _PLACE:
-        return PlaceSpan(x.place, x.offset, x.size)
+        return _new(PlaceSpan, (x.place, x.offset, x.size))
     if kind == _BYTES:
         buf[at : at + n] = x
-        return BytesSpan(at, n)
+        return _new(BytesSpan, (at, n))
     buf[at : at + n] = x.getvalue()
-    return StreamSpan(at, n)
+    return _new(StreamSpan, (at, n))
 
 
 def read(buf: memoryview, span: Span) -> Any:
     """A new value with the contents of ``span`` (copied: the block is reused)."""
-    kind = type(span)
-    if kind is BytesSpan:
+    if isinstance(span, BytesSpan):
         return bytes(buf[span.at : span.at + span.nbytes])
-    if kind is StreamSpan:
+    if isinstance(span, StreamSpan):
         return StreamBytes(buf[span.at : span.at + span.nbytes])
-    if kind is PlaceSpan:
+    if isinstance(span, PlaceSpan):
         return StreamBytes(placed.read_at(span.place, span.offset, span.size))
-    if kind is TensorSpan:
+    if isinstance(span, TensorSpan):
         out = torch.empty(span.shape, dtype=span.dtype)
         if span.nbytes:
             src = torch.frombuffer(buf, dtype=torch.uint8, count=span.nbytes, offset=span.at)
@@ -228,14 +231,15 @@ def lent(lease: np.ndarray, span: TensorSpan | ArraySpan) -> Any:
     keeps ``lease`` alive until the storage is freed; an array is a view whose base chain ends
     at ``lease``. Empty values are new (a zero-length buffer cannot be lent).
     """
-    n, dtype, shape = span.nbytes, span.dtype, span.shape
-    if type(span) is TensorSpan:
+    n, shape = span.nbytes, span.shape
+    if isinstance(span, TensorSpan):
+        dtype = span.dtype
         if not n:
             return torch.empty(shape, dtype=dtype)
         flat = torch.frombuffer(lease, dtype=dtype, count=n // dtype.itemsize, offset=span.at)
         out = torch.empty((0,), dtype=dtype)
         return out.set_(flat.untyped_storage(), 0, shape)  # type: ignore[call-overload]
     if not n:
-        return np.empty(shape, dtype=dtype)
-    count = n // dtype.itemsize
-    return np.frombuffer(lease, dtype=dtype, count=count, offset=span.at).reshape(shape)
+        return np.empty(shape, dtype=span.dtype)
+    count = n // span.dtype.itemsize
+    return np.frombuffer(lease, dtype=span.dtype, count=count, offset=span.at).reshape(shape)
