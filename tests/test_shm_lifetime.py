@@ -59,6 +59,8 @@ if how == "bytes":
 for i, _ in enumerate(dl):
     if i == 5:
         print("READY", flush=True)
+        if how in ("raise", "exit"):
+            sys.stdin.readline()  # the test has seen the blocks in use
         if how == "raise":
             raise RuntimeError("the training loop failed")
         if how == "exit":
@@ -123,6 +125,7 @@ def job(tmp_path, monkeypatch):
         proc = subprocess.Popen(
             [sys.executable, str(script), how, json.dumps(files), str(workers), str(batch)],
             env={**env, **(extra_env or {})},
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -177,7 +180,7 @@ def test_a_worker_killed(job):
 def test_an_exception_or_an_exit_without_shutdown(job, how):
     proc = job(how)
     pids = _ready(proc, job.prefix)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate("go\n", timeout=120)
     assert proc.returncode == (1 if how == "raise" else 0), err
     assert "resource_tracker" not in err and "leaked" not in err, err
     if how == "raise":
