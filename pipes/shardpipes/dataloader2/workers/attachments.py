@@ -75,7 +75,7 @@ class Attachments:
                     self.handles.append(handle)
                     row.append(handle)
                 made.append(row)
-        except OSError as exc:
+        except (OSError, AttributeError) as exc:  # (AttributeError: no POSIX shared memory)
             logger.warning("no shared memory for large payloads (%s); pickling them", exc)
             return [[] for _ in range(workers)]
         return made
