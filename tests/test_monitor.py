@@ -163,7 +163,8 @@ def test_lightning_callback_logs_to_the_trainers_csv_logger(tmp_path):
     with open(metrics, newline="") as f:
         rows = [r for r in csv.DictReader(f) if r.get("data/wait_share")]
     assert [int(r["step"]) for r in rows] == [6, 12, 18, 24]  # the Trainer's global step
-    assert {"data/samples_per_s", "data/stage_us/map", "data/wait_ms_per_step"} <= set(rows[0])
+    # (stage figures are sampled, and most of this loop's time is Lightning's own: not asserted)
+    assert {"data/samples_per_s", "data/wait_ms_per_step", "data/mb_per_s"} <= set(rows[0])
     assert all(0 <= float(r["data/wait_share"]) <= 1 for r in rows)
     assert telemetry.snapshot().steps == 23  # LightningLoader.step() marked each of 24 steps
     assert len(read_figures(metrics)) == 4  # shardpipes report reads the CSV too
