@@ -75,6 +75,7 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
     # sharding kind for apply_sharding. It starts the steps from ranges to samples.
     range_to_samples = ("urls", "ranges")
     resumable = True
+    seeks = "reads"  # a resumed epoch starts its reads where the reader was (set_resume)
 
     def __init__(
         self,

@@ -144,6 +144,8 @@ class MixerIterDataPipe(StageIterDataPipe[Any]):
         16
     """
 
+    plans_mixture = True  # reads its sources as the epoch's plan says (set_plan)
+
     def __new__(cls, *sources: IterDataPipe[Any], **kwargs: Any) -> Any:
         """A :class:`DrawnMixerIterDataPipe` when a source has no shard index, else a mixer.
 
