@@ -173,10 +173,10 @@ def refuse_unsupported(datapipe: Graph) -> None:
         cached = _first_below(graph, at, lambda n: n.traits.rewrites_urls)
         if node.index_sharder and cached is not None:
             raise ValueError(
-                f"{cached.name} before sharding_by_index(): the index names the shards "
+                "on_disk_cache() before sharding_by_index(): the index names the shards "
                 "by their URLs, not by cached paths; put on_disk_cache() after "
                 "sharding_by_index() (it caches whole shards and keeps each reader's "
-                "sample ranges)"
+                f"sample ranges; the stage that yields cached paths: {cached.name})"
             )
 
 
