@@ -172,6 +172,18 @@ class GraphDescription:
                 return out
         return []
 
+    def counts_from_index(self) -> bool:
+        """Whether the main path is ``sharding_by_index`` -> stages that keep the count (a ``mix()`` source).
+
+        Every stage above the sharder is one-to-one or a step of ``range_to_samples``.
+        """
+        for n in self.path():
+            if n.index_sharder:
+                return True
+            if not (n.traits.one_to_one or n.traits.range_to_samples is not None):
+                return False
+        return False
+
     def exact_length_plan(self, start: int = 0) -> Plan | None:
         """``(batch_size, drop_last)`` when a reader's length below ``chain[start]`` follows from the index.
 
