@@ -1,10 +1,12 @@
-"""Everything the loader does to a graph: rewrite it, walk it, and hand it each epoch's plan.
+"""Everything the loader does to a graph: rewrite it, ask about it, and hand it each epoch's plan.
 
 Also torchdata 0.9's ``dataloader2.graph`` (``find_dps``, ``list_dps``, ``remove_dp``,
 ``replace_dp``, ``traverse_dps``, ``set_graph_random_seed``, ... in ``utils.py`` and
 ``settings.py``).
 
-The one module that walks or rewrites a user's DataPipe graph (torch's ``traverse_dps``):
+Every question is a query on the graph's one description (:func:`describe`, built from the
+traits the stages declare, ``datapipes/iter/_description.py``); the functions here take a graph
+or a description already built, and no module keeps a list of stage classes:
 
 - :func:`lean_graph`: swap torch's ``shuffle``/``batch``/``map``/``filter`` for the lean stages
   (``datapipes/iter/_lean.py``) in the loader's deep copy;
@@ -215,8 +217,10 @@ def resume_shape(
         return mixed
     tail = graph.main_tail()
     for node in tail:
-        if node.traits.seek_refusal:  # fullsync() evens the ranks out as items come
-            return node.traits.seek_refusal
+        if node.traits.seek_refusal or node.traits.syncs_ranks:
+            return node.traits.seek_refusal or (
+                f"{node.name} evens out the ranks by dropping or repeating items as they come"
+            )
     plan = graph.exact_length_plan(len(tail))
     if plan is None:
         start = graph.chain[len(tail)] if len(tail) < len(graph.chain) else None
