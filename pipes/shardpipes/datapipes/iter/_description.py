@@ -115,7 +115,7 @@ class GraphDescription:
         return found
 
     def within(self, stage: Any) -> list[DescribedStage]:
-        """The nodes of the graph that ends in ``stage`` (``stage`` first), in the order of :attr:`nodes`."""
+        """The nodes of the graph that ends in ``stage`` (with it), in the order of :attr:`nodes`."""
         at = self.position(stage)
         if at is None:
             return []
