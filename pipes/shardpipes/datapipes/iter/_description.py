@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from torch.utils.data import IterDataPipe, MapDataPipe
 from torch.utils.data.graph import DataPipeGraph, traverse_dps
 
 from shardpipes.datapipes.iter.base import Traits, traits_of
@@ -229,6 +230,9 @@ def describe(datapipe: Any) -> GraphDescription:
     where: dict[int, int] = {}
     stages: list[Any] = []
     below: list[DataPipeGraph] = []
+    if not isinstance(datapipe, IterDataPipe | MapDataPipe):
+        # What a reading service written for 0.9 may return in place of a graph: no stages.
+        return GraphDescription((), (), where)
     try:
         _visit(traverse_dps(datapipe), where, stages, below)
         sources = [tuple(where[k] for k in graph) for graph in below]
