@@ -15,7 +15,6 @@ asked (an epoch's plan, a state), never per item.
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -225,27 +224,29 @@ def _visit(
         _visit(sources, where, stages, below)
 
 
-def describe(datapipe: Any) -> GraphDescription:
-    """Describe the graph that ends in ``datapipe``: one walk, each stage's traits read once."""
+def describe(datapipe: Any, *, main_path: bool = False) -> GraphDescription:
+    """Describe the graph that ends in ``datapipe``: one walk, each stage's traits read once.
+
+    With ``main_path``, only the main path (what the length questions follow): no walk of the
+    whole graph, so it also describes a graph torch cannot walk (it walks by pickling, and a
+    stage class defined inside a function does not pickle without dill).
+    """
     where: dict[int, int] = {}
     stages: list[Any] = []
     below: list[DataPipeGraph] = []
     if not isinstance(datapipe, IterDataPipe | MapDataPipe):
         # What a reading service written for 0.9 may return in place of a graph: no stages.
         return GraphDescription((), (), where)
-    try:
-        _visit(traverse_dps(datapipe), where, stages, below)
-        sources = [tuple(where[k] for k in graph) for graph in below]
-    except (pickle.PickleError, AttributeError, TypeError):
-        # torch walks a graph by pickling it; a stage class defined inside a function cannot
-        # be (without dill). Describe its main path then, which every length query follows.
-        where, stages = {}, []
+    if main_path:
         node: Any = datapipe
         while node is not None and id(node) not in where:
             where[id(node)] = len(stages)
             stages.append(node)
             node = source_of(node)
-        sources = [(i + 1,) for i in range(len(stages) - 1)] + [()]
+        sources: list[tuple[int, ...]] = [(i + 1,) for i in range(len(stages) - 1)] + [()]
+    else:
+        _visit(traverse_dps(datapipe), where, stages, below)
+        sources = [tuple(where[k] for k in graph) for graph in below]
     traits = [traits_of(dp) for dp in stages]
     after: dict[int, bool] = {}
 

@@ -31,7 +31,10 @@ def exact_length_plan(datapipe: IterDataPipe[Any] | GraphDescription) -> Plan | 
     stages whose trait ``range_to_samples`` leads from ranges to samples) followed only by
     one-to-one stages (trait ``one_to_one``) and at most one ``batch()`` (trait ``batches``).
     """
-    return _described(datapipe).exact_length_plan()
+    graph = (
+        datapipe if isinstance(datapipe, GraphDescription) else describe(datapipe, main_path=True)
+    )
+    return graph.exact_length_plan()
 
 
 def index_length(datapipe: IterDataPipe[Any] | GraphDescription, plan: Plan) -> int:
