@@ -15,7 +15,6 @@ from torch.utils.data import IterDataPipe, MapDataPipe
 
 from shardpipes.dataloader2 import _binding
 from shardpipes.dataloader2._attest import Attestor, Policy
-from shardpipes.dataloader2._copy import copy_graph
 from shardpipes.dataloader2._stats import check_epoch
 from shardpipes.dataloader2.adapter import Adapter
 from shardpipes.dataloader2.error import PauseIteration
@@ -37,6 +36,7 @@ from shardpipes.dataloader2.reading_service import (
     SequentialReadingService,
     handed,
 )
+from shardpipes.dataloader2.workers.graph_copy import copy_graph
 from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe
 from shardpipes.errors import AttestationWarning, ShardingWarning, StateMismatchError
 from shardpipes.handlers import SkipStats

@@ -99,13 +99,14 @@ class StageIterDataPipe(IterDataPipe[T]):
     - ``spans_epochs``: continues from one epoch into the next (``fixed_length()``).
     - ``rewrites_urls``: yields other names for the shards it reads (a cache's local paths).
     - ``syncs_ranks``: evens out the ranks' lengths as items come (``fullsync()``).
-    - ``shm_output``: its output items may cross from a worker through shared memory.
     - ``seek_refusal``: why a graph with this stage cannot resume by seeking (a message), or
       ``None``.
     - ``stands_for``: a lean stand-in's torch stage, whose traits are then this stage's.
 
     A stage is random because it has ``set_seed``, and a sharding point because it is torch's
-    sharding kind (``apply_sharding``); neither is declared again.
+    sharding kind (``apply_sharding``); neither is declared again. A stage that can send large
+    members by their place through shared memory has ``enable_placed_output()``
+    (``SupportsPlacedOutput``, ``formats/placed.py``), which the worker asks for.
     """
 
     one_to_one: ClassVar[bool] = False
@@ -119,7 +120,6 @@ class StageIterDataPipe(IterDataPipe[T]):
     spans_epochs: ClassVar[bool] = False
     rewrites_urls: ClassVar[bool] = False
     syncs_ranks: ClassVar[bool] = False
-    shm_output: ClassVar[bool] = False
     # Not a ClassVar: a stage may set its own refusal per instance (a mixer without an index).
     seek_refusal: str | None = None
     stands_for: ClassVar[type | None] = None
@@ -194,7 +194,6 @@ class Traits:
     spans_epochs: bool = False
     rewrites_urls: bool = False
     syncs_ranks: bool = False
-    shm_output: bool = False
     seek_refusal: str | None = None
     random: bool = False
     sharding: bool = False
@@ -231,7 +230,6 @@ def traits_of(dp: Any) -> Traits:
         spans_epochs=bool(_trait(dp, "spans_epochs", False)),
         rewrites_urls=bool(_trait(dp, "rewrites_urls", False)),
         syncs_ranks=bool(_trait(dp, "syncs_ranks", False)),
-        shm_output=bool(_trait(dp, "shm_output", False)),
         seek_refusal=str(refusal) if refusal else None,
         random=random_,
         # torch's own declaration of a sharding point: what its apply_sharding looks for
