@@ -9,6 +9,7 @@ import pytest
 
 from _old_states import FIXTURE, GRAPHS, mp, write_data
 from shardpipes.dataloader2 import DataLoader2
+from shardpipes.dataloader2.state import LoaderState
 
 with open(FIXTURE) as f:
     SAVED = json.load(f)
@@ -28,6 +29,8 @@ def test_a_state_of_094ef5b_loads_and_continues(name, data_dir, monkeypatch):
     monkeypatch.chdir(data_dir)
     case = SAVED[name]
     state = case["state"]
+    # The typed value reads it and writes it back as it was.
+    assert LoaderState.from_dict(state).to_dict() == state
     out = []
     with DataLoader2(GRAPHS[case["graph"]](), reading_service=mp(case["workers"])) as dl:
         dl.load_state_dict(state)
