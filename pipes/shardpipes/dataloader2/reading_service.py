@@ -634,6 +634,8 @@ class DistributedReadingService(ReadingServiceInterface):
 
     def share_seed(self, seed: int) -> int:
         """Rank 0's ``seed`` on every rank (for a seed drawn from each rank's own generator)."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return seed  # one process: its own draw
         return dist_share_seed(seed, self._group)
 
     def topology(self) -> Topology:
