@@ -134,8 +134,6 @@ class _Deal(IterDataPipe[Any]):
 
     def __init__(self, service: ThreadReadingService) -> None:
         self.service = service
-        # Reader 0's graph, so that walks of the loader's graph find the stages (the index).
-        self.source_datapipe = service._readers[0]
 
     def __iter__(self) -> Iterator[Any]:
         return self.service.items()

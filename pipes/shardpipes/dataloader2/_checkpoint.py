@@ -51,11 +51,18 @@ def take(dl: Any, skipped_now: int, serialized: bytes | None) -> LoaderState:
         segments=tuple(earlier),
         skipped=skipped,
         epochs_run=dl._epochs_run - (1 if current is not None else 0),
-        mixture=mixture_state(dl._graph if dl._graph is not None else dl.datapipe),
+        mixture=_mixture(dl),
         binding=dl._attest.binding(seed, epoch),
         serialized_datapipe=serialized,
         reading_service_state=rs.checkpoint() if rs.checkpointable else dl.reading_service_state,
     )
+
+
+def _mixture(dl: Any) -> Any:
+    # The running graph's (its mixers hold what the readers planned), else the user's: a
+    # service's graph need not expose the stages it runs.
+    found = mixture_state(dl._graph) if dl._graph is not None else None
+    return found if found is not None else mixture_state(dl.datapipe)
 
 
 def graph_facts(datapipe: Any) -> GraphFacts:

@@ -188,9 +188,13 @@ class DataLoader2(Generic[T]):
         if not self._described and self.datapipe is not None:
             # The running graph once there is one: its sharders hold the index the reading
             # service shared (one read of the descriptor per job); else the user's graph (also
-            # when a 0.9 service's iter_reset_fn made the graph something else).
+            # when a 0.9 service's iter_reset_fn made the graph something else, or a service's
+            # graph does not expose the stages it runs).
             graph = self._graph if isinstance(self._graph, IterDataPipe) else self.datapipe
-            self._attest.data = _binding.describe_data(graph)
+            data = _binding.describe_data(graph)
+            if data is None and graph is not self.datapipe:
+                data = _binding.describe_data(self.datapipe)
+            self._attest.data = data
             self._attest.plan = _binding.describe_plan(self.datapipe, self.reading_service.parts())
             self._described = True
 
