@@ -9,18 +9,58 @@ to the loader's next epoch (or raise with its refusal).
 from __future__ import annotations
 
 import logging
+import pickle
 from typing import Any
+
+from torch.utils.data import IterDataPipe
 
 from shardpipes.dataloader2 import _binding
 from shardpipes.dataloader2.graph import carries_across_epochs, resume_shape
 from shardpipes.dataloader2.graph.mixing import check_mixture_state, mixture_state
-from shardpipes.dataloader2.state import LoaderState
+from shardpipes.dataloader2.state import (
+    READING_SERVICE_STATE_KEY_NAME,
+    SERIALIZED_DATAPIPE_KEY_NAME,
+    LoaderState,
+    is_torchdata09_state,
+)
 from shardpipes.errors import StateMismatchError
 from shardpipes.plan.restore import Decision, GraphFacts, Refusal, Topology, restore
 
-__all__ = ["apply", "graph_facts", "load", "take"]
+__all__ = ["apply", "describe", "graph_facts", "load", "load_dict", "take"]
 
 logger = logging.getLogger("shardpipes.dataloader2.dataloader2")
+
+
+def describe(dl: Any) -> None:
+    """Find what the loader's states are bound to: the data its index describes, the plan."""
+    # The running graph once there is one: its sharders hold the index the reading service
+    # shared (one read of the descriptor per job); else the user's graph (also when a 0.9
+    # service's iter_reset_fn made the graph something else, or a service's graph does not
+    # expose the stages it runs).
+    graph = dl._graph if isinstance(dl._graph, IterDataPipe) else dl.datapipe
+    data = _binding.describe_data(graph)
+    if data is None and graph is not dl.datapipe:
+        data = _binding.describe_data(dl.datapipe)
+    dl._attest.data = data
+    dl._attest.plan = _binding.describe_plan(dl.datapipe, dl.reading_service.parts())
+
+
+def load_dict(dl: Any, state: dict[str, Any], on_change: str) -> None:
+    """``DataLoader2.load_state_dict``: the graph and service state it brings, then the restore."""
+    if state.get(SERIALIZED_DATAPIPE_KEY_NAME) is not None:
+        if dl.datapipe is None:
+            dl.datapipe = dl._adapt(pickle.loads(state[SERIALIZED_DATAPIPE_KEY_NAME]))
+        dl._serialized = state[SERIALIZED_DATAPIPE_KEY_NAME]
+    if READING_SERVICE_STATE_KEY_NAME in state:
+        dl.reading_service_state = state[READING_SERVICE_STATE_KEY_NAME]
+    if is_torchdata09_state(state):
+        return  # torchdata 0.9's state: the graph only
+    if dl.datapipe is None:
+        raise ValueError(
+            "this loader has no graph and the state does not carry one: take the state with "
+            "state_dict(graph=True), or build the graph and pass it to DataLoader2"
+        )
+    load(dl, LoaderState.from_dict(state), on_change)
 
 
 def take(dl: Any, skipped_now: int, serialized: bytes | None) -> LoaderState:

@@ -14,6 +14,7 @@ from collections.abc import Generator, Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from shardpipes.dataloader2._copy import copy_graph
 from shardpipes.dataloader2._stats import check_epoch
@@ -21,10 +22,12 @@ from shardpipes.dataloader2.graph import carries_across_epochs, lean_graph, refu
 from shardpipes.dataloader2.graph.identity import carry_ids
 from shardpipes.dataloader2.random.seed_generator import SeedGenerator, int64_seed
 from shardpipes.dataloader2.reading_service import handed
-from shardpipes.errors import AttestationWarning
+from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe
+from shardpipes.errors import AttestationWarning, ShardingWarning
+from shardpipes.handlers import SkipStats
 from shardpipes.plan.epoch import EpochPlan
 
-__all__ = ["make_graph", "next_seed", "run", "skipped_total", "start"]
+__all__ = ["make_graph", "next_seed", "run", "skipped_total", "start", "stats", "warn_unsplit"]
 
 logger = logging.getLogger("shardpipes.dataloader2.dataloader2")
 
@@ -33,6 +36,33 @@ def skipped_total(rs: Any) -> int:
     """Samples and shards the service's stages skipped so far."""
     found = rs.skipped()
     return found.samples + found.shards if found is not None else 0
+
+
+def warn_unsplit(rs: Any) -> None:
+    """Warn when several ranks run and the service does not split the data by rank."""
+    ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if ranks > 1 and not rs.topology().distributed:
+        warnings.warn(
+            f"torch.distributed is initialised with {ranks} ranks but the reading service has "
+            "no DistributedReadingService: every rank reads the same data",
+            ShardingWarning,
+            stacklevel=3,
+        )
+
+
+def stats(dl: Any) -> dict[str, Any]:
+    """``DataLoader2.stats()``: this rank's counters so far."""
+    skipped = dl.reading_service.skipped() or SkipStats()
+    out: dict[str, Any] = {
+        "epoch": dl._epochs_run - 1,
+        "yielded": dl._consumed,
+        "skipped_samples": skipped.samples,
+        "skipped_shards": skipped.shards,
+        "skipped_examples": list(skipped.examples),
+    }
+    if isinstance(dl._graph, FullSyncIterDataPipe):
+        out["sync"] = dl._graph.stats.as_dict()
+    return out
 
 
 def make_graph(dl: Any) -> Any:

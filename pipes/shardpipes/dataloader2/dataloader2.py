@@ -10,11 +10,9 @@ the ranks' checks (:mod:`._attest`). It asks the reading service only through it
 from __future__ import annotations
 
 import pickle
-import warnings
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
-import torch.distributed as dist
 from torch.utils.data import IterDataPipe, MapDataPipe
 
 from shardpipes.dataloader2 import _binding, _checkpoint, _epoch
@@ -27,12 +25,7 @@ from shardpipes.dataloader2.state import (
     RANDOMNESS_STATE_KEY_NAME,
     READING_SERVICE_STATE_KEY_NAME,
     SERIALIZED_DATAPIPE_KEY_NAME,
-    LoaderState,
-    is_torchdata09_state,
 )
-from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe
-from shardpipes.errors import ShardingWarning
-from shardpipes.handlers import SkipStats
 from shardpipes.plan.epoch import EpochPlan
 from shardpipes.plan.resume import Segment
 
@@ -122,15 +115,7 @@ class DataLoader2(Generic[T]):
         self._skipped_at_start = 0
         self._attest = Attestor()  # ids, the ranks' check, what a state is bound to
         self._described = False
-        ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        if ranks > 1 and not self.reading_service.topology().distributed:
-            warnings.warn(
-                f"torch.distributed is initialised with {ranks} ranks but the reading service "
-                "does not split by rank (no DistributedReadingService): every rank reads the "
-                "same data",
-                ShardingWarning,
-                stacklevel=2,
-            )
+        _epoch.warn_unsplit(self.reading_service)
 
     def _adapt(self, datapipe: Any) -> IterDataPipe[T]:
         if isinstance(datapipe, MapDataPipe):
@@ -186,16 +171,7 @@ class DataLoader2(Generic[T]):
 
     def _describe(self) -> None:
         if not self._described and self.datapipe is not None:
-            # The running graph once there is one: its sharders hold the index the reading
-            # service shared (one read of the descriptor per job); else the user's graph (also
-            # when a 0.9 service's iter_reset_fn made the graph something else, or a service's
-            # graph does not expose the stages it runs).
-            graph = self._graph if isinstance(self._graph, IterDataPipe) else self.datapipe
-            data = _binding.describe_data(graph)
-            if data is None and graph is not self.datapipe:
-                data = _binding.describe_data(self.datapipe)
-            self._attest.data = data
-            self._attest.plan = _binding.describe_plan(self.datapipe, self.reading_service.parts())
+            _checkpoint.describe(self)
             self._described = True
 
     def _pause(self) -> None:
@@ -243,17 +219,7 @@ class DataLoader2(Generic[T]):
         as ``(url, reason)``; ``sync`` is the last epoch's ``fullsync`` figures on this rank
         (items yielded, own, dropped, collectives), when the graph has one.
         """
-        skipped = self.reading_service.skipped() or SkipStats()
-        out: dict[str, Any] = {
-            "epoch": self._epochs_run - 1,
-            "yielded": self._consumed,
-            "skipped_samples": skipped.samples,
-            "skipped_shards": skipped.shards,
-            "skipped_examples": list(skipped.examples),
-        }
-        if isinstance(self._graph, FullSyncIterDataPipe):
-            out["sync"] = self._graph.stats.as_dict()
-        return out
+        return _epoch.stats(self)
 
     def state_dict(self, *, graph: bool = False) -> dict[str, Any]:
         """Return the loader's position: a small dict to save beside the model checkpoint.
@@ -317,20 +283,7 @@ class DataLoader2(Generic[T]):
                 another number of ranks or workers and the graph cannot resume by seeking (it
                 needs ``sharding_by_index``, see docs/checkpointing.md), naming why.
         """
-        if state_dict.get(SERIALIZED_DATAPIPE_KEY_NAME) is not None:
-            if self.datapipe is None:
-                self.datapipe = self._adapt(pickle.loads(state_dict[SERIALIZED_DATAPIPE_KEY_NAME]))
-            self._serialized = state_dict[SERIALIZED_DATAPIPE_KEY_NAME]
-        if READING_SERVICE_STATE_KEY_NAME in state_dict:
-            self.reading_service_state = state_dict[READING_SERVICE_STATE_KEY_NAME]
-        if is_torchdata09_state(state_dict):
-            return  # torchdata 0.9's state: the graph only
-        if self.datapipe is None:
-            raise ValueError(
-                "this loader has no graph and the state does not carry one: take the state with "
-                "state_dict(graph=True), or build the graph and pass it to DataLoader2"
-            )
-        _checkpoint.load(self, LoaderState.from_dict(state_dict), on_change)
+        _checkpoint.load_dict(self, state_dict, on_change)
 
     def shutdown(self) -> None:
         """End the current epoch, stop workers and release process groups. Idempotent."""
