@@ -9,9 +9,10 @@ from hypothesis import strategies as st
 from torch._utils import ExceptionWrapper
 
 from _hyp import budget
-from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService, _bundle
-from shardpipes.dataloader2._bundle import MAX_BUNDLE, Bundle, Interleave
-from shardpipes.dataloader2._shm import Attachments
+from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService
+from shardpipes.dataloader2.workers import bundles as _bundle
+from shardpipes.dataloader2.workers.attachments import Attachments
+from shardpipes.dataloader2.workers.bundles import MAX_BUNDLE, Bundle, Interleave
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.handlers import SkipStats
 
@@ -232,17 +233,15 @@ class Pinnable:
 def test_pinning_a_bundle_pins_what_was_not_pickled():
     """With ``pin_memory=True`` torch's pin thread gets bundles: the items sent as they are and
     the skeletons of those whose large values are in the block hold the tensors to pin."""
-    from shardpipes.dataloader2._shm import _AS_IS, _INLINE, _VALUES, Bundled
+    from shardpipes.dataloader2.workers.messages import AsIs, Inline, Values
+    from shardpipes.dataloader2.workers.packed import Packed
 
-    bundled = Bundled(
-        None,
-        0,
-        [(_AS_IS, [Pinnable()]), (_VALUES, [Pinnable()], []), (_INLINE, b"pickled")],
-    )
-    pinned = Bundle(0, bundled, 3, [], None, None, 0.0, 0).pin_memory()
-    (k1, as_is), (k2, skeleton, spans), (k3, data) = pinned.payload.entries
-    assert (k1, k2, k3) == (_AS_IS, _VALUES, _INLINE)
-    assert as_is[0].pinned and skeleton[0].pinned and spans == [] and data == b"pickled"
+    packed = Packed(None, 0, [AsIs([Pinnable()]), Values([Pinnable()], ()), Inline(b"pickled")])
+    pinned = Bundle(0, packed, 3, [], None, None, 0.0, 0).pin_memory()
+    as_is, values, inline = pinned.payload.entries
+    assert (type(as_is), type(values), type(inline)) == (AsIs, Values, Inline)
+    assert as_is.item[0].pinned and values.skeleton[0].pinned and values.spans == ()
+    assert inline.pickled == b"pickled"
     plain = Bundle(0, [Pinnable()], 1, [], None, None, 0.0, -1).pin_memory()  # no ring
     assert plain.payload[0].pinned and plain.count == 1
 
@@ -265,7 +264,7 @@ def test_blocks_of_messages_dropped_unread_go_back_to_the_worker(monkeypatch):
     torch drain the messages in flight when the pool starts the next epoch: their blocks go
     back to the worker, which keeps sending batches through its blocks (before, after a few
     such epochs every batch was pickled)."""
-    from shardpipes.dataloader2 import _shm
+    from shardpipes.dataloader2.workers import attachments as _shm
 
     kinds = []
     reader = _shm.Attachments.reader
@@ -290,10 +289,11 @@ def test_blocks_of_messages_dropped_unread_go_back_to_the_worker(monkeypatch):
 def test_a_message_dropped_unread_frees_its_block_and_a_read_one_waits_for_its_values():
     import pickle
 
-    from shardpipes.dataloader2._shm import _SEQ, Ring
+    from shardpipes.dataloader2.workers.packed import SEQ as _SEQ
+    from shardpipes.dataloader2.workers.ring import Ring
 
-    ring = Ring(2, Attachments().owner)
     attached = Attachments()
+    ring = Ring(attached.make(1, 2)[0], attached.owner)
     try:
         sent = ring.pack([np.arange(100_000)])
         block = next(b for b in ring.blocks if b is not None and b.name == sent.name)
@@ -315,7 +315,5 @@ def test_a_message_dropped_unread_frees_its_block_and_a_read_one_waits_for_its_v
         assert free()
         del sent  # the worker's own copy gives nothing back
     finally:
+        ring.close()
         attached.close()
-        for b in ring.blocks:
-            if b is not None:
-                b.close()

@@ -11,7 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from _graphs import resumed, uninterrupted
-from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService, _shm
+from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService
+from shardpipes.dataloader2.workers.attachments import Attachments
+from shardpipes.dataloader2.workers.messages import PlaceSpan, Skeleton
+from shardpipes.dataloader2.workers.ring import Ring
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.errors import MissingShardError, ShardReadError
 from shardpipes.formats import placed
@@ -98,7 +101,7 @@ def test_the_files_kept_open_are_bounded_and_closed(tmp_path):
 
 
 def _child_state(queue) -> None:
-    queue.put((placed.enabled(), len(placed._files), len(placed._places)))
+    queue.put((len(placed._files), len(placed._places)))
 
 
 def test_a_forked_process_starts_without_the_parents_files(tmp_path):
@@ -109,7 +112,7 @@ def test_a_forked_process_starts_without_the_parents_files(tmp_path):
     queue = ctx.Queue()
     child = ctx.Process(target=_child_state, args=(queue,))
     child.start()
-    assert queue.get(timeout=60) == (False, 0, 0)
+    assert queue.get(timeout=60) == (0, 0)
     child.join(60)
     placed.close_files()
 
@@ -178,17 +181,18 @@ def test_workers_send_large_members_by_place_and_the_loop_gets_the_same_values(
 def test_a_span_of_a_place_carries_no_bytes_in_the_block(tmp_path):
     data = os.urandom(MIN_BYTES * 2)
     _, v = _placed_value(tmp_path, data)
-    attached = _shm.Attachments()
-    ring = _shm.Ring(slots=2, owner=attached.owner)
+    attached = Attachments()
+    ring = Ring(attached.make(1, 2)[0], attached.owner)
     try:
         packed = ring.pack([[{"x": v, "y": 1}]])
-        ((kind, _, _, spans),) = packed.entries
-        assert kind == _shm._SKELETON
-        assert spans == [(_shm._PLACE, 7, len(data), v.place, None)]
+        (entry,) = packed.entries
+        assert type(entry) is Skeleton
+        assert entry.spans == (PlaceSpan(v.place, 7, len(data)),)
         assert placed.unread(v)  # the worker did not read it
         (back,) = attached.unpack(packed)
         assert back == [{"x": data, "y": 1}] and type(back[0]["x"]) is StreamBytes
     finally:
+        ring.close()
         attached.close()
 
 

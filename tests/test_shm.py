@@ -11,26 +11,27 @@ import pytest
 import torch
 from torch.utils.data.datapipes.datapipe import DataChunk
 
+from _shm_blocks import PREFIX_ENV, blocks_left, named_blocks, new_prefix
 from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService
-from shardpipes.dataloader2._shm import (
-    _AS_IS,
-    _INLINE,
-    _PICKLED,
-    _SKELETON,
-    _VALUES,
-    MIN_BYTES,
-    PREFIX,
-    Attachments,
-    Ring,
-)
+from shardpipes.dataloader2.workers.attachments import Attachments
+from shardpipes.dataloader2.workers.messages import AsIs, Inline, Pickled, Skeleton, Values
+from shardpipes.dataloader2.workers.ring import Ring
+from shardpipes.dataloader2.workers.values import MIN_BYTES
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.formats.stream import StreamBytes
 from shardpipes.synthetic import write_synthetic
 
+_PREFIX = new_prefix()  # this run's blocks (other runs on the machine have their own)
+
+
+@pytest.fixture(autouse=True)
+def _own_prefix(monkeypatch):
+    monkeypatch.setenv(PREFIX_ENV, _PREFIX)
+
 
 def leftover_blocks(owner: str = "") -> list[str]:
-    """This loader's blocks still in /dev/shm (other test runs on the machine have their own)."""
-    return [n for n in os.listdir("/dev/shm") if n.startswith(f"{PREFIX}{owner}")]
+    """Traces of this run's blocks: a name in /dev/shm, a map or a descriptor in any process."""
+    return blocks_left(_PREFIX)
 
 
 def pack(ring, batch):
@@ -45,32 +46,32 @@ def unpack(attached, bundled):
 
 def kind(bundled):
     (entry,) = bundled.entries
-    return entry[0]
+    return type(entry)
 
 
 def spans(bundled):
     """Where the large values of a bundle of one item are in its block."""
     (entry,) = bundled.entries
-    assert entry[0] in (_SKELETON, _VALUES)
-    return entry[3] if entry[0] == _SKELETON else entry[2]
+    assert type(entry) in (Skeleton, Values)
+    return entry.spans
 
 
 def skeleton(bundled, attached):
     """The rest of the item: pickled into the block, or with the message if it holds tensors."""
     (entry,) = bundled.entries
-    if entry[0] == _VALUES:
-        return entry[1]
-    assert entry[0] == _SKELETON
+    if type(entry) is Values:
+        return entry.skeleton
+    assert type(entry) is Skeleton
     block = attached.reader(bundled).buf
-    return pickle.loads(block[entry[1] : entry[1] + entry[2]])
+    return pickle.loads(block[entry.at : entry.at + entry.nbytes])
 
 
 def sent_as_is(bundled, batch):
     """Nothing in a block: ``batch`` itself goes with the message (torch's queue)."""
     return (
         bundled.name is None
-        and bundled.entries == [(_AS_IS, batch)]
-        and (bundled.entries[0][1] is batch)
+        and bundled.entries == [AsIs(batch)]
+        and (bundled.entries[0].item is batch)
     )
 
 
@@ -78,11 +79,11 @@ def test_pack_and_unpack_give_back_the_same_batch():
     big, small = os.urandom(MIN_BYTES), b"x" * 10
     batch = DataChunk([{"__key__": "a", ".bin": big, ".txt": small}, {".bin": big + b"!"}])
     attached = Attachments()
-    ring = Ring(slots=3, owner=attached.owner)
+    ring = Ring(attached.make(1, 3)[0], attached.owner)
     try:
         packed = pack(ring, batch)
         assert len(spans(packed)) == 2
-        assert kind(packed) == _SKELETON  # the rest of the batch is in the block too
+        assert kind(packed) == Skeleton  # the rest of the batch is in the block too
         rest = skeleton(packed, attached)
         assert all(len(v) < 100 for v in rest[0].values() if isinstance(v, bytes))
         back = unpack(attached, packed)
@@ -90,32 +91,34 @@ def test_pack_and_unpack_give_back_the_same_batch():
         assert type(back[0][".bin"]) is bytes
         plain = [{"a": small}, (1, 2)]
         pickled = pack(ring, plain)  # nothing large: the whole batch pickled into a block
-        assert kind(pickled) == _PICKLED and unpack(attached, pickled) == plain
+        assert kind(pickled) == Pickled and unpack(attached, pickled) == plain
         assert sent_as_is(pack(ring, (1, 2)), (1, 2))  # not a batch (a list): sent as it is
         for i in range(5):  # the ring wraps around and keeps serving exact copies
             item = (os.urandom(MIN_BYTES + i), i)
             assert unpack(attached, pack(ring, item)) == item
     finally:
+        ring.close()
         attached.close()
     assert not leftover_blocks(attached.owner)
 
 
 def test_a_batch_larger_than_its_block_gets_a_larger_block():
     attached = Attachments()
-    ring = Ring(slots=2, owner=attached.owner)
+    ring = Ring(attached.make(1, 2)[0], attached.owner)
     try:
         first = [b"a" * MIN_BYTES]
-        unpack(attached, pack(ring, first))  # makes the block of ring slot 1 (8 MiB)
+        unpack(attached, pack(ring, first))  # sizes the block of ring slot 1 (8 MiB)
         unpack(attached, pack(ring, first))  # slot 0
-        old = ring.blocks[1].name
+        old = attached.blocks[ring.handles[1].index]
         huge = [os.urandom(9 << 20)]
         packed = pack(ring, huge)
-        assert kind(packed) == _SKELETON and packed.name != old and ring.blocks[1].size > 9 << 20
+        assert kind(packed) == Skeleton and ring.blocks[1].size > 9 << 20
         assert unpack(attached, packed) == huge
-        # the old block is unmapped here and gone from /dev/shm
-        assert old not in attached.blocks and old.lstrip("/") not in leftover_blocks(attached.owner)
-        assert len(leftover_blocks(attached.owner)) == 2
+        # the same block, made larger: mapped again here, the old map let go of
+        assert attached.blocks[ring.handles[1].index].size > 9 << 20 and old.buf is None
+        assert len(attached.blocks) == 2 and not named_blocks(_PREFIX)
     finally:
+        ring.close()
         attached.close()
     assert not leftover_blocks(attached.owner)
 
@@ -124,18 +127,19 @@ def test_a_block_not_yet_copied_out_is_not_written_again():
     """More batches in flight than blocks (all requests going to one worker at the end of an
     epoch): the batch that finds its block still in use goes with the message instead."""
     attached = Attachments()
-    ring = Ring(slots=1, owner=attached.owner)
+    ring = Ring(attached.make(1, 1)[0], attached.owner)
     try:
         first = [os.urandom(MIN_BYTES)]
         packed = pack(ring, first)
         second = [os.urandom(MIN_BYTES)]
         instead = pack(ring, second)  # the only block still holds `first`
-        assert instead.name is None and instead.entries == [(_AS_IS, second)]
+        assert instead.name is None and instead.entries == [AsIs(second)]
         small = pack(ring, [1, 2])  # a batch for the block, none free: pickled with the message
-        assert small.name is None and kind(small) == _INLINE and unpack(attached, small) == [1, 2]
+        assert small.name is None and kind(small) == Inline and unpack(attached, small) == [1, 2]
         assert unpack(attached, packed) == first  # intact
-        assert kind(pack(ring, second)) == _SKELETON  # copied out: the block is free again
+        assert kind(pack(ring, second)) == Skeleton  # copied out: the block is free again
     finally:
+        ring.close()
         attached.close()
 
 
@@ -143,7 +147,7 @@ def test_an_overwritten_block_is_detected():
     import struct
 
     attached = Attachments()
-    ring = Ring(slots=1, owner=attached.owner)
+    ring = Ring(attached.make(1, 1)[0], attached.owner)
     try:
         packed = pack(ring, [os.urandom(MIN_BYTES)])
         block = ring.blocks[0]
@@ -151,6 +155,7 @@ def test_an_overwritten_block_is_detected():
         with pytest.raises(RuntimeError, match="overwritten"):
             unpack(attached, packed)
     finally:
+        ring.close()
         attached.close()
 
 
@@ -195,25 +200,21 @@ def test_two_loaders_in_one_process_keep_their_own_blocks(tmp_path):
         assert sorted(x for b in train for x in b) == first
 
 
-def test_without_shared_memory_batches_are_pickled(monkeypatch):
-    from multiprocessing import shared_memory
-
-    def refuse(*args, **kwargs):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(shared_memory, "SharedMemory", refuse)
-    ring = Ring(slots=2, owner="test")
+def test_without_shared_memory_batches_are_pickled(monkeypatch, tmp_path):
+    monkeypatch.setenv("SHARDPIPES_SHM_DIR", str(tmp_path / "missing"))  # no block can be made
+    ring = Ring(Attachments().make(1, 2)[0], "test")
     item = [os.urandom(MIN_BYTES)]
     first = pack(ring, item)
-    assert first.name is None and first.entries == [(_AS_IS, item)] and ring.broken
+    assert first.name is None and first.entries == [AsIs(item)] and ring.broken
     assert sent_as_is(pack(ring, item), item)  # it does not try again for every batch
 
 
 _FAULTS_PER_BATCH = """
 import os, resource
-from shardpipes.dataloader2._shm import Attachments, Ring
+from shardpipes.dataloader2.workers.attachments import Attachments
+from shardpipes.dataloader2.workers.ring import Ring
 attached = Attachments()
-ring = Ring(slots=3, owner=attached.owner)
+ring = Ring(attached.make(1, 3)[0], attached.owner)
 batch = [{".bin": os.urandom(100_000)} for _ in range(64)]  # the large preset: 6.4 MB
 try:
     for i in range(33):
@@ -270,7 +271,7 @@ def same_tensor(a, b):
 @pytest.mark.parametrize("dtype", _DTYPES, ids=str)
 def test_tensors_cross_bit_for_bit(dtype):
     attached = Attachments()
-    ring = Ring(slots=2, owner=attached.owner)
+    ring = Ring(attached.make(1, 2)[0], attached.owner)
     try:
         tensors = [random_tensor(shape, dtype, i) for i, shape in enumerate(_SHAPES)]
         batch = [{"__key__": f"k{i}", ".x": t, ".cls": i} for i, t in enumerate(tensors)]
@@ -282,23 +283,25 @@ def test_tensors_cross_bit_for_bit(dtype):
             assert not got[".x"].is_shared()  # a tensor of its own, not a view of the block
         assert [s[".cls"] for s in back] == list(range(len(tensors)))
     finally:
+        ring.close()
         attached.close()
 
 
 def test_a_received_tensor_does_not_change_when_the_block_is_reused():
     attached = Attachments()
-    ring = Ring(slots=1, owner=attached.owner)
+    ring = Ring(attached.make(1, 1)[0], attached.owner)
     try:
         first = unpack(attached, pack(ring, [torch.ones(1000)]))[0]
         unpack(attached, pack(ring, [torch.zeros(1000)]))  # the same block, written again
         assert torch.equal(first, torch.ones(1000))
     finally:
+        ring.close()
         attached.close()
 
 
 def test_the_same_tensor_twice_in_a_batch_arrives_as_one_object():
     attached = Attachments()
-    ring = Ring(slots=2, owner=attached.owner)
+    ring = Ring(attached.make(1, 2)[0], attached.owner)
     try:
         t = torch.arange(10.0)
         packed = pack(ring, [{"a": t, "b": t}])
@@ -306,6 +309,7 @@ def test_the_same_tensor_twice_in_a_batch_arrives_as_one_object():
         back = unpack(attached, packed)[0]
         assert back["a"] is back["b"] and torch.equal(back["a"], t)
     finally:
+        ring.close()
         attached.close()
 
 
@@ -326,42 +330,45 @@ def test_tensors_that_are_more_than_their_contents_are_left_to_torch():
         "non-contiguous array": np.ones((100, 100))[:, ::2],
     }
     attached = Attachments()
-    ring = Ring(slots=2, owner=attached.owner)
+    ring = Ring(attached.make(1, 2)[0], attached.owner)
     try:
         batch = [others]
         # tensors but nothing for the block: torch's queue
         assert sent_as_is(pack(ring, batch), batch)
         packed = pack(ring, [{**others, "plain": torch.ones(3)}])
         assert len(spans(packed)) == 1  # only the plain tensor
-        assert all(packed.entries[0][1][0][k] is v for k, v in others.items())
+        assert all(packed.entries[0].skeleton[0][k] is v for k, v in others.items())
     finally:
+        ring.close()
         attached.close()
 
 
 def test_tensor_attributes_keep_it_with_torch():
     t = torch.ones(3)
     t.meta = "kept"  # attributes torch's pickling carries, and the block would not
-    ring = Ring(slots=2, owner="test")
+    ring = Ring(Attachments().make(1, 2)[0], "test")
     batch = [t]
     assert sent_as_is(pack(ring, batch), batch)
 
 
 def test_a_batch_of_small_values_is_pickled_into_a_block_unless_it_holds_tensors():
     attached = Attachments()
-    ring = Ring(slots=2, owner=attached.owner)
+    ring = Ring(attached.make(1, 2)[0], attached.owner)
     try:
         small = [
             {"__key__": f"k{i}", ".cls": i, ".bin": StreamBytes(os.urandom(100))} for i in range(64)
         ]
         packed = pack(ring, small)
-        assert kind(packed) == _PICKLED and packed.entries[0][2] > 64 * 100
+        assert kind(packed) == Pickled and packed.entries[0].nbytes > 64 * 100
         back = unpack(attached, packed)
         assert back == small and type(back[0][".bin"]) is StreamBytes
         nested = [{"deep": {"deeper": [torch.ones(2)]}}]  # a tensor at any depth: torch's queue
         assert sent_as_is(pack(ring, nested), nested)
-        pinning = Ring(slots=2, owner="test", tensors=False)  # pin_memory
+        pinning = Ring(Attachments().make(1, 2)[0], "test", tensors=False)  # pin_memory
         assert sent_as_is(pack(pinning, small), small)
+        pinning.close()
     finally:
+        ring.close()
         attached.close()
     assert not leftover_blocks(attached.owner)
 
@@ -371,7 +378,7 @@ def test_a_batch_of_small_values_is_pickled_into_a_block_unless_it_holds_tensors
 )
 def test_numpy_arrays_cross_bit_for_bit(dtype):
     attached = Attachments()
-    ring = Ring(slots=2, owner=attached.owner)
+    ring = Ring(attached.make(1, 2)[0], attached.owner)
     try:
         dt = np.dtype(dtype)
         n = MIN_BYTES // dt.itemsize + 3
@@ -384,6 +391,7 @@ def test_numpy_arrays_cross_bit_for_bit(dtype):
             assert type(got) is np.ndarray and got.dtype == sent.dtype and got.shape == sent.shape
             assert got.tobytes() == sent.tobytes() and got.flags.writeable
     finally:
+        ring.close()
         attached.close()
 
 
@@ -410,6 +418,7 @@ def test_workers_deliver_tensors_exactly_and_leave_no_blocks(tmp_path, context):
                 assert same_tensor(sent[0], came[0]) and same_tensor(sent[2], came[2])
                 assert came[1].tobytes() == sent[1].tobytes() and came[1].dtype == np.uint8
         assert rs._attached.blocks  # they came through shared memory
+    del got, came  # values lent from the blocks keep them mapped
     assert not leftover_blocks(rs._attached.owner)
 
 
@@ -435,20 +444,22 @@ def test_a_worker_killed_mid_epoch_leaves_no_blocks():
                 got += batch
         assert got and all(torch.equal(t, torch.full((1000,), float(i))) for i, t in got)
         assert rs._attached.blocks  # batches had come through shared memory
+    del got, batch  # the tensors lent from the blocks keep them mapped
     assert not leftover_blocks(rs._attached.owner)
 
 
 def test_without_tensors_a_ring_leaves_them_to_torch():
     attached = Attachments()
-    ring = Ring(slots=2, owner=attached.owner, tensors=False)
+    ring = Ring(attached.make(1, 2)[0], attached.owner, tensors=False)
     try:
         t, big = torch.ones(3), os.urandom(MIN_BYTES)
         packed = pack(ring, [{"x": t, "b": big}])
         assert len(spans(packed)) == 1  # the bytes only
-        assert packed.entries[0][1][0]["x"] is t
+        assert packed.entries[0].skeleton[0]["x"] is t
         only = [{"x": t}]
         assert sent_as_is(pack(ring, only), only)
     finally:
+        ring.close()
         attached.close()
 
 
@@ -469,7 +480,7 @@ def test_tensors_and_arrays_are_lent_from_the_block_until_they_are_gone():
     import gc
 
     attached = Attachments()
-    ring = Ring(slots=2, owner=attached.owner)
+    ring = Ring(attached.make(1, 2)[0], attached.owner)
     try:
         images = [torch.rand(3, 40, 40) for _ in range(4)]
         array = np.arange(MIN_BYTES, dtype=np.int32).reshape(-1, 8)
@@ -485,7 +496,7 @@ def test_tensors_and_arrays_are_lent_from_the_block_until_they_are_gone():
         assert first._base is None and first.is_contiguous()
         # the block is lent: the ring writes its other block, then has none free
         other = [torch.ones(5000)]
-        assert kind(pack(ring, other)) == _SKELETON
+        assert kind(pack(ring, other)) == Skeleton
         third = [torch.zeros(5000)]
         assert pack(ring, third).name is None  # no block free: with the message
         kept = first.clone()
@@ -496,23 +507,27 @@ def test_tensors_and_arrays_are_lent_from_the_block_until_they_are_gone():
         del first
         gc.collect()
         packed = pack(ring, third)  # every value gone: the block is free again
-        assert kind(packed) == _SKELETON
+        assert kind(packed) == Skeleton
         assert torch.equal(unpack(attached, packed)[0], third[0])
     finally:
+        ring.close()
         attached.close()
     assert not leftover_blocks(attached.owner)
 
 
 def test_values_lent_from_a_closed_loader_stay_valid():
     attached = Attachments()
-    ring = Ring(slots=1, owner=attached.owner)
+    ring = Ring(attached.make(1, 1)[0], attached.owner)
     image = torch.rand(3, 64, 64)
     back = unpack(attached, pack(ring, [image]))
-    attached.close()  # the loader shuts down while the training loop still holds a batch
-    assert not leftover_blocks(attached.owner)  # the name is gone, the map stays
+    ring.close()  # the workers stop,
+    attached.close()  # and the loader shuts down while the training loop still holds a batch
+    assert not named_blocks(_PREFIX)  # no name, the map stays
     assert torch.equal(back[0], image)
     back[0].add_(1)  # still writable memory of this process
     assert torch.allclose(back[0], image + 1)
+    del back
+    assert not leftover_blocks()  # the last value gone, the memory goes
 
 
 def _image(i):
@@ -533,7 +548,7 @@ def test_workers_lend_tensors_and_batches_kept_by_the_loop_stay_exact():
             for b in kept:
                 for s in b:
                     assert torch.equal(s["img"], _image(s["i"])["img"]), (epoch, s["i"])
-            del kept
+            del kept, b, s  # the tensors lent from the blocks keep them mapped
     assert not leftover_blocks(owner)
 
 
@@ -541,15 +556,16 @@ def test_a_block_is_chosen_by_what_its_values_take_once_aligned():
     """Each value starts at a multiple of 64 bytes: thousands of 1-byte tensors take 64 each.
     The block must be chosen by that, not by the values' own sizes, or writing runs past it."""
     attached = Attachments()
-    ring = Ring(slots=1, owner=attached.owner)
+    ring = Ring(attached.make(1, 1)[0], attached.owner)
     try:
         unpack(attached, pack(ring, [os.urandom(MIN_BYTES)]))  # an 8 MiB block, free again
         bigs = [os.urandom(MIN_BYTES + 1) for _ in range(250)]  # 8.2 MB, 8.21 MB aligned
         tiny = [torch.tensor([i % 256], dtype=torch.uint8) for i in range(3000)]  # 3 KB, 192 KB
         packed = pack(ring, bigs + tiny)
-        assert kind(packed) == _SKELETON and ring.blocks[0].size > 8 << 20  # a larger block
+        assert kind(packed) == Skeleton and ring.blocks[0].size > 8 << 20  # a larger block
         back = unpack(attached, packed)
         assert back[:250] == bigs
         assert all(torch.equal(a, b) for a, b in zip(back[250:], tiny, strict=True))
     finally:
+        ring.close()
         attached.close()

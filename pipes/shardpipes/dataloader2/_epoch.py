@@ -16,12 +16,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shardpipes.dataloader2._copy import copy_graph
 from shardpipes.dataloader2._stats import check_epoch
 from shardpipes.dataloader2.graph import carries_across_epochs, lean_graph, refuse_unsupported
 from shardpipes.dataloader2.graph.identity import carry_ids
 from shardpipes.dataloader2.random.seed_generator import SeedGenerator, int64_seed
 from shardpipes.dataloader2.reading_service import handed
+from shardpipes.dataloader2.workers.graph_copy import copy_graph
 from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe
 from shardpipes.errors import AttestationWarning, ShardingWarning
 from shardpipes.handlers import SkipStats

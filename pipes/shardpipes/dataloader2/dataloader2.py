@@ -17,7 +17,6 @@ from torch.utils.data import IterDataPipe, MapDataPipe
 
 from shardpipes.dataloader2 import _binding, _checkpoint, _epoch
 from shardpipes.dataloader2._attest import Attestor, Policy
-from shardpipes.dataloader2._copy import copy_graph
 from shardpipes.dataloader2._iterator import DataLoader2Iterator
 from shardpipes.dataloader2.adapter import Adapter
 from shardpipes.dataloader2.reading_service import InProcessReadingService, ReadingServiceInterface
@@ -26,6 +25,7 @@ from shardpipes.dataloader2.state import (
     READING_SERVICE_STATE_KEY_NAME,
     SERIALIZED_DATAPIPE_KEY_NAME,
 )
+from shardpipes.dataloader2.workers.graph_copy import copy_graph
 from shardpipes.plan.epoch import EpochPlan
 from shardpipes.plan.resume import Segment
 

@@ -37,10 +37,7 @@ from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import apply_sharding
 
-from shardpipes.dataloader2._bundle import Interleave
 from shardpipes.dataloader2._index_share import share_indexes
-from shardpipes.dataloader2._pool import MainPrefetcherIterDataPipe, WorkerPoolIterDataPipe
-from shardpipes.dataloader2._shm import Attachments
 from shardpipes.dataloader2._stats import (
     StageFlow,
     flow_stages,
@@ -51,13 +48,16 @@ from shardpipes.dataloader2._stats import (
     skips_from_dict,
     source_of_graph,
 )
-from shardpipes.dataloader2._worker import EpochSlot, WorkerDataset
 from shardpipes.dataloader2.graph import apply_epoch_plan, has_sharding, stages_of
 from shardpipes.dataloader2.graph.utils import _swap_in
 from shardpipes.dataloader2.protocol import Collectives, Topology
 from shardpipes.dataloader2.random.distributed import dist_share_seed
 from shardpipes.dataloader2.random.seed_generator import SeedGenerator, as_plan, facade
 from shardpipes.dataloader2.utils.worker import WorkerInfo
+from shardpipes.dataloader2.workers.attachments import Attachments
+from shardpipes.dataloader2.workers.bundles import Interleave
+from shardpipes.dataloader2.workers.dataset import EpochSlot, WorkerDataset
+from shardpipes.dataloader2.workers.pool import MainPrefetcherIterDataPipe, WorkerPoolIterDataPipe
 from shardpipes.datapipes.iter._index_length import exact_length_plan
 from shardpipes.datapipes.iter.base import in_main_process
 from shardpipes.datapipes.iter.prefetch import PrefetcherIterDataPipe
@@ -439,7 +439,7 @@ class MultiProcessingReadingService(ReadingServiceInterface):
                 self._core,
                 self._slot,
                 self.worker_init_fn,
-                shm_slots=self.worker_prefetch_cnt + 2,
+                shm_blocks=self._attached.make(self.num_workers, self.worker_prefetch_cnt + 2),
                 user_reset=self.worker_reset_fn,
                 shm_owner=self._attached.owner,
                 # torch's pin thread pins the tensors it receives; ours would arrive unpinned
@@ -454,7 +454,7 @@ class MultiProcessingReadingService(ReadingServiceInterface):
             timeout=self.timeout,
             generator=generator,
             in_order=True,
-            # The skip counters come with the bundles (_bundle.py), not in torch's snapshots.
+            # The skip counters come with the bundles (workers/bundles.py), not in torch's snapshots.
             snapshot_every_n_steps=0,
             # Items cross from workers as they are: torch's default would turn numpy arrays
             # into tensors with workers but not without them.

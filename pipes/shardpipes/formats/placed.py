@@ -4,12 +4,13 @@ A worker process of a loader reads a shard of 100 KB samples, and its training l
 main process, uses each sample's bytes. Copied as values, each member's bytes cross three
 copies: out of the page cache into the worker's value (faulting the mapped shard in), into
 the worker's shared-memory block, and out of the block into a new ``bytes`` in the main
-process (``dataloader2/_shm.py``). When no stage in the worker looks at a large member, none of
+process (``dataloader2/workers/``). When no stage in the worker looks at a large member, none of
 that is needed: the worker can send where the member lies, and the main process reads it from
 the file, once, straight into the ``bytes`` it hands over.
 
-So, in a worker whose batches cross through shared memory (and only there: :func:`enable`),
-a member of at least :data:`MIN_BYTES` read from a mapped local file is made as a
+So, in a worker whose batches cross through shared memory (and only there: the worker asks each
+stage that can, a :class:`SupportsPlacedOutput`, to make them), a member of at least
+:data:`MIN_BYTES` read from a mapped local file is made as a
 :class:`PlacedBytes`: a :class:`~shardpipes.formats.stream.StreamBytes` that knows the file,
 the offset and the size, and reads its data on first use. Whatever uses it in the worker (a
 ``map``, a decoder, ``bytes(v)``, pickling) reads it then and sees a ``StreamBytes`` like any
@@ -36,7 +37,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from shardpipes.errors import MissingShardError, ShardReadError
 from shardpipes.formats.stream import StreamBytes
@@ -47,9 +48,8 @@ __all__ = [
     "Held",
     "Place",
     "PlacedBytes",
+    "SupportsPlacedOutput",
     "close_files",
-    "enable",
-    "enabled",
     "place_of",
     "place_of_file",
     "read_at",
@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 #: Smallest member sent by its place (smaller ones cost less to copy than to read again); the
-#: shared-memory blocks of ``dataloader2/_shm.py`` take values from this size on too.
+#: shared-memory blocks of ``dataloader2/workers/`` take values from this size on too.
 MIN_BYTES = 32 << 10
 #: Files each process keeps open for :func:`read_at`.
 MAX_FILES = 64
@@ -69,7 +69,7 @@ class Held:
     """A mapped file kept open while members of it may be unread; closed when freed.
 
     Every :class:`PlacedBytes` of the file holds it, and a batch sent with places holds those
-    of its members until the main process has read it (``dataloader2/_shm.py``).
+    of its members until the main process has read it (``dataloader2/workers/``).
     """
 
     __slots__ = ("__weakref__", "fd")
@@ -105,25 +105,23 @@ def _identity(info: os.stat_result) -> tuple[int, int, int, int]:
     return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
-_on = False
-# The maps of local files made while enabled: which file each one is, the file offset of its
-# first byte, and the file held open.
-_places: weakref.WeakKeyDictionary[Any, tuple[Place, int, Held]] = weakref.WeakKeyDictionary()
+@runtime_checkable
+class SupportsPlacedOutput(Protocol):
+    """A stage that can make large members of mapped local files as :class:`PlacedBytes`.
 
-
-def enable() -> None:
-    """Make large members of mapped files as :class:`PlacedBytes` in this process from now on.
-
-    Called in a worker process whose batches cross to the main process through shared memory,
-    where an unread member is sent by its place. Nowhere else would it save a copy.
+    A worker whose batches cross to the main process through shared memory, where an unread
+    member is sent by its place, asks every stage of its graph that declares this (as grain's
+    workers ask a dataset that ``SupportsSharedMemoryOutput``). Nowhere else would it save a
+    copy, so a stage makes plain values until asked.
     """
-    global _on
-    _on = True
+
+    def enable_placed_output(self) -> None:
+        """Make large members of mapped files by their place from now on."""
 
 
-def enabled() -> bool:
-    """Whether :func:`enable` was called in this process."""
-    return _on
+# The maps of local files that a stage asked for places registered: which file each one is,
+# the file offset of its first byte, and the file held open.
+_places: weakref.WeakKeyDictionary[Any, tuple[Place, int, Held]] = weakref.WeakKeyDictionary()
 
 
 def register(
@@ -134,15 +132,13 @@ def register(
     origin: int = 0,
     mapped_as: os.stat_result | None = None,
 ) -> None:
-    """Remember, when enabled, that ``mapped`` maps ``path`` from its byte ``origin``.
+    """Remember that ``mapped`` maps ``path`` from its byte ``origin``.
 
     ``fd``: a descriptor of the file mapped (the place is its ``os.fstat``); it is duplicated
     (:class:`Held`), not kept. ``mapped_as``: the ``os.fstat`` of the file when it was mapped,
     when ``fd`` was opened since: nothing is registered unless it is that file, unchanged (the
     members are then copied, as without places).
     """
-    if not _on:
-        return
     held = Held(fd)
     place = place_of_file(path, url, held)
     if mapped_as is None or place.same(mapped_as):
@@ -351,9 +347,8 @@ def close_files() -> None:
 def _after_fork_in_child() -> None:
     # A forked worker starts with no maps registered, a fresh lock (another thread may have
     # held the parent's), and none of the parent's files (its copies of them are closed).
-    global _lock, _on
+    global _lock
     _lock = threading.Lock()
-    _on = False
     _places.clear()
     while _files:  # (no thread of the parent reads in the child)
         os.close(_files.popitem()[1].fd)

@@ -133,6 +133,7 @@ def iter_tar_parts(
     require_end: bool = True,
     start_offset: int = 0,
     runs: bool = False,
+    places: bool = False,
 ) -> Iterator[tuple[list[Span] | Run, memoryview, int]]:
     """Yield the archive's regular files as ``(spans, source, base)``, without copying their data.
 
@@ -159,6 +160,9 @@ def iter_tar_parts(
         runs: Members whose headers were parsed in bulk may come as a
             :class:`~shardpipes.formats.tarblocks.Run` (arrays; ``.spans()`` is the list)
             instead of a list of spans, for consumers that read them in bulk. Default: ``False``.
+        places: Register a mapped local file (``formats/placed.py``), so that its large
+            members are made by their place; what a stage asked to do so passes
+            (``enable_placed_output``). Default: ``False``.
 
     Raises:
         ShardFormatError: Empty file, truncated member, corrupt header; the message names
@@ -175,7 +179,7 @@ def iter_tar_parts(
     found = map_local() if map_local is not None else None
     if found is not None:  # (the map, where the range starts in it, its offset in the shard)
         ranged, lead, offset, (path, info) = found
-        if placed.enabled():
+        if places:
             _register_range(ranged, path, url, info, offset - lead)
         try:  # offsets counted from start_offset at the range's start, as the stream path does
             yield from _iter_mapped(
@@ -187,7 +191,7 @@ def iter_tar_parts(
             except BufferError:  # a numpy view still held by a traceback: the GC unmaps it
                 pass
         return
-    mapped = _map(stream, url) if require_end and start_offset == 0 else None
+    mapped = _map(stream, url, places) if require_end and start_offset == 0 else None
     if mapped is not None and by_magic(mapped[:MAGIC_LENGTH]) is not None:
         mapped.close()  # a compressed file: decompress it as a stream (the file is still at 0)
         mapped = None
@@ -287,7 +291,7 @@ def _maybe_decompressed(stream: IO[bytes], url: str) -> IO[bytes]:
     return _Checked(reader, url, kind)  # type: ignore[return-value]
 
 
-def _map(stream: IO[bytes], url: str) -> mmap.mmap | None:
+def _map(stream: IO[bytes], url: str, places: bool = False) -> mmap.mmap | None:
     """Map ``stream`` read-only when it is a whole, plain, non-empty regular file; else ``None``.
 
     Only the exact built-in file types qualify: a compressing wrapper (gzip, fsspec's
@@ -309,7 +313,7 @@ def _map(stream: IO[bytes], url: str) -> mmap.mmap | None:
         mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError):
         return None
-    if placed.enabled() and isinstance(raw.name, str):
+    if places and isinstance(raw.name, str):  # its large members by their place
         placed.register(mapped, raw.name, url, fd)
     if hasattr(mapped, "madvise"):
         mapped.madvise(mmap.MADV_SEQUENTIAL)  # read ahead as read() would on a cold cache

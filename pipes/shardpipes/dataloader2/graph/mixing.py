@@ -15,7 +15,7 @@ from torch.utils.data.datapipes.iter import Batcher, Shuffler
 from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import get_all_graph_pipes
 
-from shardpipes.dataloader2._pool import WorkerPoolIterDataPipe
+from shardpipes.dataloader2.workers.pool import WorkerPoolIterDataPipe
 from shardpipes.datapipes.iter._index_length import source_of
 from shardpipes.datapipes.iter._lean import LeanBatcherIterDataPipe, LeanShufflerIterDataPipe
 from shardpipes.datapipes.iter.base import is_one_to_one

@@ -96,6 +96,7 @@ class TarArchiveLoaderIterDataPipe(StageIterDataPipe[tuple[str, TarMember]]):
     """
 
     range_to_samples = ("streams", "members")
+    places = False  # large members of mapped files by their place (enable_placed_output)
 
     def __init__(
         self,
@@ -118,6 +119,13 @@ class TarArchiveLoaderIterDataPipe(StageIterDataPipe[tuple[str, TarMember]]):
         self.chunk_size = chunk_size
         self.handler = resolve_handler(handler)
         self.skipped = SkipStats()
+
+    def enable_placed_output(self) -> None:
+        """Make large members of mapped local files by their place (``formats/placed.py``).
+
+        A worker whose batches cross through shared memory asks (``SupportsPlacedOutput``).
+        """
+        self.places = True
 
     def members(self) -> Iterator[tuple[str, TarEntry]]:
         """Yield ``(url, entry)`` for every member."""
@@ -152,6 +160,7 @@ class TarArchiveLoaderIterDataPipe(StageIterDataPipe[tuple[str, TarMember]]):
                     require_end=span is None,
                     start_offset=span.offset if span is not None else 0,
                     runs=True,
+                    places=self.places,
                 ):
                     yield url, part, source, base
             except (ShardFormatError, ShardReadError) as exc:

@@ -12,7 +12,7 @@ epoch ends. The order, and so checkpoints, resume arithmetic (plan/resume.py) an
 
 How many items a bundle holds is decided by the main process and read by every worker from
 shared memory before each bundle it starts (:attr:`EpochSlot.bundle
-<shardpipes.dataloader2._worker.EpochSlot>`). It starts at 1 and only grows within an epoch,
+<shardpipes.dataloader2.workers.dataset.EpochSlot>`). It starts at 1 and only grows within an epoch,
 to the smallest power of two of items that take a worker about :data:`BUNDLE_SECONDS` to make
 (so the message's own cost is a few percent of the work it carries), and no more than hold
 :data:`BUNDLE_BYTES` in shared memory (heavy batches, decoded images, go one per message as
@@ -40,15 +40,10 @@ import numpy as np
 from torch._utils import ExceptionWrapper
 from torch.utils.data._utils.pin_memory import pin_memory
 
-from shardpipes.dataloader2._shm import (
-    _INLINE,
-    _PICKLED,
-    _SKELETON,
-    Attachments,
-    Bundled,
-    Reader,
-    Ring,
-)
+from shardpipes.dataloader2.workers.attachments import Attachments, Reader
+from shardpipes.dataloader2.workers.messages import AsIs, Entry, Values
+from shardpipes.dataloader2.workers.packed import Packed
+from shardpipes.dataloader2.workers.ring import Ring
 
 __all__ = ["BUNDLE_BYTES", "BUNDLE_SECONDS", "MAX_BUNDLE", "Bundle", "Interleave", "bundles"]
 
@@ -61,17 +56,14 @@ BUNDLE_BYTES = 2 << 20
 #: Items in a bundle at most.
 MAX_BUNDLE = 16
 
-# entries pickled with torch's tensors refused, and values in a block: nothing to pin
-_NO_TENSORS = frozenset({_PICKLED, _INLINE, _SKELETON})
-
 
 class Bundle:
     """Up to ``size`` consecutive items of one worker's epoch, as one message.
 
     Attributes:
         worker: The worker that made them.
-        payload: The items, as :meth:`Ring.pack <shardpipes.dataloader2._shm.Ring.pack>` made
-            them (a list of ``count`` items once unpacked).
+        payload: The items, as :meth:`Ring.pack <shardpipes.dataloader2.workers.ring.Ring.pack>`
+            made them (a list of ``count`` items once unpacked).
         count: How many items.
         skips: ``(n, counters)``: after its first ``n`` items, the worker's skip counters
             were ``counters`` (a :func:`~shardpipes.dataloader2._stats.skips_to_dict`); only
@@ -125,15 +117,11 @@ class Bundle:
     def pin_memory(self) -> Bundle:
         """The bundle with its tensors pinned (torch's pin thread calls this)."""
         payload = self.payload
-        if type(payload) is Bundled:  # what is not pickled may hold tensors (or skeletons do)
-            entries = [
-                e if e[0] in _NO_TENSORS else (e[0], _pin(e[1]), *e[2:]) for e in payload.entries
-            ]
-            pinned = Bundled(payload.name, payload.seq, entries)
+        if type(payload) is Packed:  # what is not pickled may hold tensors (or skeletons do)
+            entries = [_pinned(e) for e in payload.entries]
             # The pinned copy is what will be read: it, not the copy dropped here, gives the
             # block back if it is dropped unread.
-            pinned.read, payload.read = payload.read, None
-            payload = pinned
+            payload = payload.with_entries(entries)
         else:
             payload = _pin(payload)
         return Bundle(self.worker, payload, *self._args()[2:])
@@ -202,6 +190,15 @@ def bundles(
 
 def _pin(x: Any) -> Any:
     return pin_memory(x)  # type: ignore[no-untyped-call]
+
+
+def _pinned(entry: Entry) -> Entry:
+    """``entry`` with its tensors pinned (those pickled, or in a block, have none to pin)."""
+    if type(entry) is AsIs:
+        return AsIs(_pin(entry.item))
+    if type(entry) is Values:
+        return Values(_pin(entry.skeleton), entry.spans)
+    return entry
 
 
 class _Item:
@@ -295,7 +292,7 @@ class Interleave:
         queue = queues[bundle.worker]
         payload = bundle.payload
         items: Any
-        if type(payload) is Bundled:
+        if type(payload) is Packed:
             reader = self.attached.reader(payload)
             items = [_Item(reader, i) for i in range(bundle.count)]
         else:

@@ -7,7 +7,7 @@ detection, pinning and per-worker state. We give it a plain ``IterableDataset`` 
 ours: multiprocessing-priority sharding once per worker, and per-epoch seeds read from a small
 shared-memory tensor that the main process writes before each epoch (workers persist across
 epochs, so this is how a new seed reaches them). A batch's tensors and large ``bytes`` values
-and arrays travel through each worker's ring of shared-memory blocks (``_shm.py``).
+and arrays travel through each worker's ring of shared-memory blocks (``ring.py``).
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, IterDataPipe, get_worker_info
+from torch.utils.data.graph import traverse_dps
+from torch.utils.data.graph_settings import get_all_graph_pipes
 
-from shardpipes.dataloader2._bundle import bundles
-from shardpipes.dataloader2._copy import copy_graph
-from shardpipes.dataloader2._shm import Ring
 from shardpipes.dataloader2._stats import (
     flow_stages,
     flows_to_list,
@@ -35,7 +34,11 @@ from shardpipes.dataloader2.graph import apply_epoch_plan
 from shardpipes.dataloader2.random.seed_generator import SeedGenerator
 from shardpipes.dataloader2.utils.dispatch import shard_for_worker
 from shardpipes.dataloader2.utils.worker import WorkerInfo, seed_global_rngs
-from shardpipes.formats import placed
+from shardpipes.dataloader2.workers.blocks import Handle
+from shardpipes.dataloader2.workers.bundles import bundles
+from shardpipes.dataloader2.workers.graph_copy import copy_graph
+from shardpipes.dataloader2.workers.ring import Ring
+from shardpipes.formats.placed import SupportsPlacedOutput
 from shardpipes.plan.epoch import EpochPlan
 from shardpipes.plan.resume import Segment
 
@@ -50,7 +53,7 @@ _MAX_SEGMENTS = 8
 class EpochSlot:
     """A shared-memory record of the current epoch's seed generator, read by the workers.
 
-    With it, :attr:`bundle`: how many items a worker sends per message (``_bundle.py``), set by
+    With it, :attr:`bundle`: how many items a worker sends per message (``bundles.py``), set by
     the main process and read by the workers before each message.
     """
 
@@ -117,7 +120,7 @@ class WorkerDataset(IterableDataset[Any]):
         datapipe: IterDataPipe[Any],
         slot: EpochSlot,
         user_init: Callable[[IterDataPipe[Any], Any], IterDataPipe[Any]] | None,
-        shm_slots: int = 0,
+        shm_blocks: list[list[Handle]] | None = None,
         shm_owner: str = "",
         user_reset: Callable[[IterDataPipe[Any], Any, Any], IterDataPipe[Any]] | None = None,
         shm_tensors: bool = True,
@@ -126,8 +129,9 @@ class WorkerDataset(IterableDataset[Any]):
         self.slot = slot
         self.user_init = user_init
         self.user_reset = user_reset
-        self.shm_slots = shm_slots  # blocks of the shared-memory ring; 0: pickle everything
-        self._owner = shm_owner  # names the blocks; the main process removes them
+        # each worker's shared-memory blocks (Attachments.make); None: pickle everything
+        self.shm_blocks = shm_blocks
+        self._owner = shm_owner  # the loader the blocks belong to
         self.shm_tensors = shm_tensors  # False: tensors go through torch's queues (to be pinned)
         self._ring: Ring | None = None
         self._sharded = False
@@ -160,12 +164,20 @@ class WorkerDataset(IterableDataset[Any]):
             )
         if info is None:
             return iter(self.datapipe)
-        if self.shm_slots and self._ring is None:
-            self._ring = Ring(self.shm_slots, self._owner, tensors=self.shm_tensors)
+        if self.shm_blocks is not None and self._ring is None:
+            for other, handles in enumerate(self.shm_blocks):
+                if other != worker:  # another worker's blocks: this one lets go of them
+                    for handle in handles:
+                        handle.close()
+            own = self.shm_blocks[worker]
+            self._ring = Ring(own, self._owner, tensors=self.shm_tensors)
             # Large members no stage here reads are sent by where they lie in their shard,
-            # and read once, by the main process (formats/placed.py).
-            placed.enable()
-        # Several items per message, the epoch's drop totals with the last (_bundle.py).
+            # and read once, by the main process (formats/placed.py): asked of each stage
+            # that can make them so.
+            for stage in _stages(self.datapipe):
+                if isinstance(stage, SupportsPlacedOutput):
+                    stage.enable_placed_output()
+        # Several items per message, the epoch's drop totals with the last (bundles.py).
         return bundles(
             worker,
             iter(self.datapipe),
@@ -195,3 +207,8 @@ class WorkerDataset(IterableDataset[Any]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Nothing to restore: the loader resumes by replay, not from worker snapshots."""
+
+
+def _stages(graph: IterDataPipe[Any]) -> list[Any]:
+    """Every stage of ``graph`` (each once)."""
+    return list(get_all_graph_pipes(traverse_dps(graph)))
