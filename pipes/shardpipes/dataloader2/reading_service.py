@@ -14,6 +14,12 @@ protocol, minus its ``__del__``):
   a function ``datapipe -> datapipe`` that ``DataLoader2`` applies to the graph.
 - ``finalize_iteration()``: after each epoch ends, is left with ``break``, or fails.
 - ``finalize()``: once, from ``DataLoader2.shutdown()``.
+
+A service also says what it is (:mod:`shardpipes.dataloader2.protocol`): its ``topology()``
+(ranks, readers per rank, their numbering), ``share_seed()``, the ``collectives()`` the loader's
+checks run on, its ``parts()`` and whether it is ``checkpointable``. The loader asks these and
+never which class a service is, so a service written elsewhere works as the built-in ones do
+(docs/reading-services.md).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import logging
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, ClassVar, TypeAlias, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -44,6 +50,7 @@ from shardpipes.dataloader2._stats import (
 )
 from shardpipes.dataloader2.graph import apply_epoch_plan, has_sharding, stages_of
 from shardpipes.dataloader2.graph.utils import _swap_in
+from shardpipes.dataloader2.protocol import Collectives, Topology
 from shardpipes.dataloader2.random.distributed import dist_share_seed
 from shardpipes.dataloader2.random.seed_generator import SeedGenerator, as_plan, facade
 from shardpipes.dataloader2.utils.worker import WorkerInfo
@@ -110,7 +117,14 @@ def handed(
 
 
 class ReadingServiceInterface(ABC):
-    """Base class of reading services; see the module docstring for when each method is called."""
+    """Base class of reading services; see the module docstring for when each method is called.
+
+    The defaults describe a service that runs the graph in the calling process, on one rank:
+    override ``topology()``, ``share_seed()`` and ``collectives()`` when yours does otherwise.
+    """
+
+    #: Whether ``checkpoint()``/``restore()`` exist (``CheckpointableReadingServiceInterface``).
+    checkpointable: ClassVar[bool] = False
 
     @abstractmethod
     def initialize(self, datapipe: IterDataPipe[Any]) -> IterDataPipe[Any]:
@@ -137,6 +151,22 @@ class ReadingServiceInterface(ABC):
         """Totals of the dropping stages this service runs, and its graph's source; ``None`` if none."""
         return None
 
+    def topology(self) -> Topology:
+        """Ranks, readers per rank and their numbering. Default: one rank, read in this process."""
+        return Topology()
+
+    def share_seed(self, seed: int) -> int:
+        """The seed all ranks use for an epoch whose seed each drew (rank 0's). Default: ``seed``."""
+        return seed
+
+    def collectives(self) -> Collectives | None:
+        """The process group of the loader's checks across ranks; ``None`` (default) with one rank."""
+        return None
+
+    def parts(self) -> tuple[ReadingServiceInterface, ...]:
+        """The services this one is made of, outermost first. Default: itself."""
+        return (self,)
+
 
 class CheckpointableReadingServiceInterface(ReadingServiceInterface):
     """A reading service with a state of its own (torchdata 0.9's interface).
@@ -144,6 +174,8 @@ class CheckpointableReadingServiceInterface(ReadingServiceInterface):
     ``DataLoader2.state_dict()`` stores ``checkpoint()`` under ``"reading_service_state"``;
     a loader given that state calls ``restore(datapipe, state)`` in place of ``initialize``.
     """
+
+    checkpointable: ClassVar[bool] = True
 
     @abstractmethod
     def checkpoint(self) -> bytes:
@@ -383,6 +415,10 @@ class MultiProcessingReadingService(ReadingServiceInterface):
             self._slot.write(plan)
         return seed_generator
 
+    def topology(self) -> Topology:
+        """One rank; ``num_workers`` readers (``0``: the graph runs in this process)."""
+        return Topology(readers_per_rank=self.num_workers)
+
     def _make_loader(self) -> Any:
         from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -598,7 +634,21 @@ class DistributedReadingService(ReadingServiceInterface):
 
     def share_seed(self, seed: int) -> int:
         """Rank 0's ``seed`` on every rank (for a seed drawn from each rank's own generator)."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return seed  # one process: its own draw
         return dist_share_seed(seed, self._group)
+
+    def topology(self) -> Topology:
+        """The ranks of ``torch.distributed`` (one when it is not initialised), split by rank."""
+        if dist.is_available() and dist.is_initialized():
+            return Topology(dist.get_world_size(), 0, True, dist.get_rank())
+        return Topology(distributed=True)
+
+    def collectives(self) -> Collectives | None:
+        """This service's gloo group (made by ``initialize``), ``None`` before it or without ranks."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        return Collectives(self._group, self.timeout)
 
     @takes_plan
     def initialize_iteration(
@@ -685,6 +735,37 @@ class SequentialReadingService(ReadingServiceInterface):
             return datapipe
 
         return reset
+
+    def parts(self) -> tuple[ReadingServiceInterface, ...]:
+        """The parts of each service, in order."""
+        return tuple(p for rs in self.reading_services for p in rs.parts())
+
+    def topology(self) -> Topology:
+        """The parts' answers composed: ranks from the one that splits by rank, readers from the others."""
+        found = [rs.topology() for rs in self.reading_services]
+        ranked = next((t for t in found if t.distributed or t.ranks > 1), Topology())
+        numbering = {t.numbering for t in found}
+        if len(numbering) > 1:
+            raise ValueError(f"the parts of this service number readers differently: {numbering}")
+        return Topology(
+            ranked.ranks,
+            max(t.readers_per_rank for t in found),
+            any(t.distributed for t in found),
+            ranked.rank,
+            numbering.pop(),
+        )
+
+    def share_seed(self, seed: int) -> int:
+        """The seed passed through each part in order."""
+        for rs in self.reading_services:
+            seed = rs.share_seed(seed)
+        return seed
+
+    def collectives(self) -> Collectives | None:
+        """The first part's collectives that has some."""
+        return next(
+            (c for rs in self.reading_services if (c := rs.collectives()) is not None), None
+        )
 
     def skipped(self) -> SkipStats | None:
         """Skip counters from the innermost service that runs stages."""
