@@ -18,6 +18,10 @@ import pytest
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
+# Before Ray is imported: its services bind 127.0.0.1 only (how it runs on macOS), no usage report.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
 ray = (
     pytest.importorskip("ray")
     if not os.environ.get("SHARDPIPES_REQUIRE_RAY")
@@ -38,8 +42,6 @@ READER = {"num_cpus": 0.1}
 def cluster() -> Any:
     from ray.cluster_utils import Cluster
 
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # services on 127.0.0.1
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     # the actors import the tests' helpers (this module) and the package under test
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT), str(ROOT / "tests"), str(ROOT / "pipes"), os.environ.get("PYTHONPATH", "")]
@@ -150,3 +152,206 @@ def test_one_rank_readers_join_leave_die_and_the_pool_restarts(cluster, shards, 
     ids = [i for b, _ in got for i in b]
     assert len(ids) == len(set(ids)) == sum([23, 17, 31, 11, 29, 19]) // V * V
     assert rs.stats["released"] >= 1 and rs.stats["moved"] >= 1
+
+
+# --- checkpoints: a state resumes under another pool size, the worker pool, and back --------------
+
+
+def take(dp: Any, rs: Any, k: int, state: dict[str, Any] | None = None) -> tuple[list[Any], Any]:
+    """Batches after a resume from ``state`` (all, or the first ``k`` and the state after them)."""
+    out = []
+    with DataLoader2(dp, reading_service=rs) as dl:
+        dl.attest(every=4)
+        if state is not None:
+            dl.load_state_dict(state)
+        else:
+            dl.seed(5)
+        it = iter(dl)
+        for batch in it:
+            out.append((list(batch.ids), list(batch)))
+            if len(out) == k:
+                return out, dl.state_dict()
+    return out, None
+
+
+def test_checkpoints_move_between_pool_sizes_and_the_worker_pool(cluster, shards):
+    V = 4
+    full, _ = take(graph(shards), MultiProcessingReadingService(V), -1)
+    rs = RayReadingService(V, pool="ckpt", readers=3, reader_options=READER)
+    head, state = take(graph(shards), rs, 5)
+    assert head == full[:5]
+    rs.scale(1)  # the same pool, smaller: the state does not record it
+    rest, _ = take(
+        graph(shards), RayReadingService(V, pool="ckpt", reader_options=READER), -1, state
+    )
+    assert rest == full[5:]
+    rest, _ = take(graph(shards), MultiProcessingReadingService(V), -1, state)
+    assert rest == full[5:]
+    _, mp_state = take(graph(shards), MultiProcessingReadingService(V), 8)
+    rest, _ = take(
+        graph(shards), RayReadingService(V, pool="ckpt", reader_options=READER), -1, mp_state
+    )
+    assert rest == full[8:]
+    # Another number of logical readers: the elastic resume, as the worker pool does it.
+    want, _ = take(graph(shards), MultiProcessingReadingService(2), -1, state)
+    rest, _ = take(
+        graph(shards), RayReadingService(2, pool="ckpt", reader_options=READER), -1, state
+    )
+    assert rest == want
+    ids = [i for b, _ in head + rest for i in b]
+    assert len(ids) == len(set(ids))
+
+
+# --- 2 gloo ranks: joins, a reader's exit, a node removed, the pool actor killed ------------------
+
+
+def mixture(paths: list[str], digest: Digest | None = None) -> Any:
+    """A ``mix()`` of two indexed sources (the shards split in two datasets, each indexed)."""
+    a, b = (
+        IterableWrapper(p)
+        .shuffle()
+        .sharding_by_index(build_index(p, progress=False))
+        .open_files_by_fsspec()
+        .load_from_tar()
+        .webdataset()
+        .decode()
+        .map(digest or Digest())
+        for p in (paths[:3], paths[3:])
+    )
+    return a.mix(b, names=["a", "b"], weights=[0.6, 0.4]).shuffle(buffer_size=6).batch(3)
+
+
+GRAPHS = {"plain": graph, "mix": mixture}
+
+
+def _wait_for(path: Path, seconds: float = 300) -> None:
+    import time
+
+    stop = time.monotonic() + seconds
+    while not path.exists():
+        if time.monotonic() > stop:
+            raise TimeoutError(f"{path} did not appear")
+        time.sleep(0.2)
+
+
+def _rank(rank: int, world: int, address: str, paths: list[str], kind: str, signals: str) -> Any:
+    from shardpipes.dataloader2 import DistributedReadingService, SequentialReadingService
+
+    ray.init(address=address, namespace="shardpipes-tests", log_to_driver=False)
+    V = 4
+    make = GRAPHS[kind]
+    expected = run(
+        make(paths),
+        SequentialReadingService(
+            DistributedReadingService(),
+            MultiProcessingReadingService(V, multiprocessing_context="fork"),
+        ),
+    )
+    sig = Path(signals)
+    victim = expected[7][1][0][0] if rank == 1 else -1  # rank 1's reader exits at batch 7
+    pool = f"two-{kind}"
+    rs = RayReadingService(
+        V,
+        pool=pool,
+        readers=4,
+        reader_options={**READER, "scheduling_strategy": "SPREAD"},
+        bundle=2,
+    )
+
+    def remove_node() -> None:
+        (sig / "remove").touch()
+        _wait_for(sig / "removed")
+
+    def kill_pool() -> None:
+        ray.kill(ray.get_actor(f"{pool}-pool", namespace="shardpipes"), no_restart=False)
+
+    events = (
+        {2: lambda: rs.scale(8), 5: remove_node, 8: kill_pool, 11: lambda: rs.scale(2)}
+        if rank == 0
+        else {}
+    )
+    got = run(
+        make(paths, Digest(victim, str(sig / "exit-once"))),
+        SequentialReadingService(DistributedReadingService(), rs),
+        events,
+    )
+    ray.shutdown()
+    return expected, got, dict(rs.stats)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("kind", ["plain", "mix"])
+def test_two_ranks_get_the_worker_pool_batches_whatever_the_pool_does(
+    cluster, shards, tmp_path, kind
+):
+    import pickle
+    import time
+
+    import torch.multiprocessing as mp
+
+    c, nodes = cluster
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    (signals / "exit-once").touch()
+    ctx = mp.get_context("spawn")
+    store, out = tmp_path / "store", tmp_path / "out"
+    procs = [
+        ctx.Process(
+            target=_entry,
+            args=(r, 2, str(store), str(out), c.address, shards, kind, str(signals)),
+        )
+        for r in range(2)
+    ]
+    for p in procs:
+        p.start()
+    removed = None
+    try:
+        stop = time.monotonic() + 800
+        while any(p.is_alive() for p in procs) and time.monotonic() < stop:
+            if (signals / "remove").exists() and removed is None:
+                removed = nodes[1]
+                c.remove_node(removed)
+                (signals / "removed").touch()
+            time.sleep(0.2)
+        for p in procs:
+            p.join(timeout=5)
+            assert p.exitcode == 0, f"rank exited with {p.exitcode}"
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        if removed is not None:  # the next tests get their 3 nodes back
+            nodes[1] = c.add_node(num_cpus=2, object_store_memory=80 << 20, resources={"node2": 1})
+    results = []
+    for r in range(2):
+        status, value = pickle.loads((tmp_path / f"out.{r}").read_bytes())
+        assert status == "ok", value
+        results.append(value)
+    assert removed is not None, "rank 0 never asked for the node removal"
+    assert not (signals / "exit-once").exists(), "the reader never exited"
+    for expected, got, _ in results:
+        assert got == expected  # ids (batch.ids) and content digests, batch by batch
+    ids = [i for _, got, _ in results for b, _ in got for i in b]
+    if kind == "plain":
+        assert len(ids) == len(set(ids)) == sum([23, 17, 31, 11, 29, 19]) // 8 * 8
+    assert sum(s["released"] for *_, s in results) >= 1  # the reader's exit, the node's readers
+    assert results[0][2]["moved"] >= 1
+
+
+def _entry(rank: int, world: int, store: str, out: str, *args: Any) -> None:
+    import pickle
+    import traceback
+
+    import torch.distributed as dist
+
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+        try:
+            result: Any = ("ok", _rank(rank, world, *args))
+        finally:
+            dist.destroy_process_group()
+    except BaseException as exc:
+        result = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+    with open(f"{out}.{rank}", "wb") as f:
+        pickle.dump(result, f)

@@ -68,6 +68,15 @@ class PoolActor:
         self.drained_by: dict[str, set[str]] = {}
         self.next_id = 0
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        if self.restarted:  # the readers outlived the pool: find them by their names
+            prefix = f"{name}-reader-"
+            found = [
+                a["name"]
+                for a in ray.util.list_named_actors(all_namespaces=True)
+                if a["namespace"] == NAMESPACE and a["name"].startswith(prefix)
+            ]
+            self.members = sorted(found, key=lambda n: int(n.rsplit("-", 1)[1]))
+            self.next_id = max((int(n.rsplit("-", 1)[1]) + 1 for n in found), default=0)
 
     def hello(self, trainer: str) -> None:
         """A trainer uses the pool."""
@@ -106,7 +115,11 @@ class PoolActor:
             name = f"{self.name}-reader-{self.next_id}"
             self.next_id += 1
             remote.options(
-                name=name, namespace=NAMESPACE, lifetime="detached", **self.reader_options
+                name=name,
+                namespace=NAMESPACE,
+                lifetime="detached",
+                get_if_exists=True,
+                **self.reader_options,
             ).remote()
             self.members.append(name)
             active.append(name)
