@@ -114,13 +114,19 @@ def graph(paths: list[str], digest: Digest | None = None) -> Any:
     )
 
 
+def _ids(batch: Any) -> list[int]:
+    """The batch's sample ids as the loader carries them (``batch.ids``), else as the samples say."""
+    ids = getattr(batch, "ids", None)  # a mix() is checked by what its samples hold
+    return [int(i) for i in ids] if ids is not None else [sid for sid, _ in batch]
+
+
 def run(dp: Any, rs: Any, events: dict[int, Any] | None = None, seed: int = 5) -> list[Any]:
     out = []
     with DataLoader2(dp, reading_service=rs) as dl:
         dl.attest(every=4)
         dl.seed(seed)
         for i, batch in enumerate(dl):
-            out.append((list(batch.ids), list(batch)))
+            out.append((_ids(batch), list(batch)))
             if events and i in events:
                 events[i]()
     return out
@@ -168,7 +174,7 @@ def take(dp: Any, rs: Any, k: int, state: dict[str, Any] | None = None) -> tuple
             dl.seed(5)
         it = iter(dl)
         for batch in it:
-            out.append((list(batch.ids), list(batch)))
+            out.append((_ids(batch), list(batch)))
             if len(out) == k:
                 return out, dl.state_dict()
     return out, None
