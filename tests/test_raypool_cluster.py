@@ -285,7 +285,6 @@ def _rank(rank: int, world: int, address: str, paths: list[str], kind: str, sign
     return expected, got, dict(rs.stats)
 
 
-@pytest.mark.distributed
 @pytest.mark.parametrize("kind", ["plain", "mix"])
 def test_two_ranks_get_the_worker_pool_batches_whatever_the_pool_does(
     cluster, shards, tmp_path, kind

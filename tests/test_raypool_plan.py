@@ -217,3 +217,25 @@ def test_reader_bundles_mark_the_end():
         (12, [2, 3], -1),
         (14, [4], 15),
     ]
+
+
+def test_without_ray_the_service_names_the_extra(tmp_path):
+    """Ray absent (an import of it fails, as when it is not installed): the error names the extra."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "from shardpipes.dataloader2 import DataLoader2\n"
+        "from shardpipes.datapipes.iter import IterableWrapper\n"
+        "from shardpipes.raypool import RayReadingService\n"
+        "dp = IterableWrapper(range(4)).sharding_filter()\n"
+        "try:\n"
+        "    DataLoader2(dp, reading_service=RayReadingService(2)).__iter__()\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path
+    )
+    assert "pip install 'shardpipes[ray]'" in out.stdout, out.stdout + out.stderr
