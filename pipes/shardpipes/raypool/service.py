@@ -246,10 +246,12 @@ class RayReadingService(MultiProcessingReadingService):
         gen = self._gens[lease.fence]
         start = time.perf_counter()
         try:
-            ready, _ = ray.wait([gen], timeout=self.lease_timeout)
-            if not ready:
+            # one call when the next message is there already (ray.wait first cost ~20% more
+            # trainer CPU per message); the public next(gen) has no time-out
+            ref = gen._next_sync(self.lease_timeout)
+            if ref.is_nil():
                 raise TimeoutError(f"no message in {self.lease_timeout} s")
-            bundle = ray.get(next(gen), timeout=self.lease_timeout)
+            bundle = ray.get(ref, timeout=self.lease_timeout)
         except StopIteration:
             raise WorkerError(
                 f"reader actor {lease.member} ended logical reader {lease.reader} without its end"
