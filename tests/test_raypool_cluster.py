@@ -146,7 +146,7 @@ def test_one_rank_readers_join_leave_die_and_the_pool_restarts(cluster, shards, 
     marker = tmp_path / "exit-once"
     marker.touch()
     victim = expected[9][1][0][0]  # a sample of batch 9: its reader exits when it reads it
-    rs = RayReadingService(V, pool="one", readers=2, reader_options=READER, bundle=2)
+    rs = RayReadingService(V, pool="one", readers=2, reader_options=READER, bundle=2, check_every=1)
 
     def kill_pool() -> None:
         ray.kill(ray.get_actor("one-pool", namespace="shardpipes"), no_restart=False)
@@ -262,6 +262,7 @@ def _rank(rank: int, world: int, address: str, paths: list[str], kind: str, sign
         readers=4,
         reader_options={**READER, "scheduling_strategy": "SPREAD"},
         bundle=2,
+        check_every=1,  # membership looked at after every message: the moves happen at once
     )
 
     def remove_node() -> None:
