@@ -361,3 +361,19 @@ def _entry(rank: int, world: int, store: str, out: str, *args: Any) -> None:
         result = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
     with open(f"{out}.{rank}", "wb") as f:
         pickle.dump(result, f)
+
+
+def test_a_sizing_policy_grows_the_pool_while_the_trainer_waits(cluster, shards):
+    from shardpipes.raypool import SizingPolicy
+
+    V = 4
+    expected = run(graph(shards), MultiProcessingReadingService(V))
+    # any wait at all is too much: the pool doubles every 4 items, up to 3 readers
+    policy = SizingPolicy(min_readers=1, max_readers=3, grow_above=1e-9, shrink_below=0, window=4)
+    rs = RayReadingService(
+        V, pool="sized", readers=1, reader_options=READER, check_every=1, sizing=policy
+    )
+    assert run(graph(shards), rs) == expected
+    pool = ray.get_actor("sized-pool", namespace="shardpipes")
+    assert rs.stats["moved"] >= 1  # readers moved to the new actors mid-epoch
+    assert ray.get(pool.state.remote())[0] == []  # the last trainer out stopped the readers

@@ -239,3 +239,14 @@ def test_without_ray_the_service_names_the_extra(tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path
     )
     assert "pip install 'shardpipes[ray]'" in out.stdout, out.stdout + out.stderr
+
+
+def test_sizing_policy_grows_and_shrinks_within_bounds():
+    from shardpipes.raypool import SizingPolicy
+
+    p = SizingPolicy(min_readers=2, max_readers=10, grow_above=0.2, shrink_below=0.05)
+    assert [p.next_size(n, waited=0.5) for n in (2, 4, 8)] == [4, 8, 10]
+    assert [p.next_size(n, waited=0.0) for n in (3, 2)] == [2, 2]
+    assert p.next_size(5, waited=0.1) == 5
+    with pytest.raises(ValueError, match="shrink_below"):
+        SizingPolicy(grow_above=0.01, shrink_below=0.1)

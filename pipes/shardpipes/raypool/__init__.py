@@ -5,5 +5,6 @@ the service starts. See docs/disaggregated-reading.md.
 """
 
 from shardpipes.raypool.service import RayReadingService, SeekRefused
+from shardpipes.raypool.sizing import SizingPolicy
 
-__all__ = ["RayReadingService", "SeekRefused"]
+__all__ = ["RayReadingService", "SeekRefused", "SizingPolicy"]

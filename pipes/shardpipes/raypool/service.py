@@ -25,6 +25,7 @@ from shardpipes.errors import WorkerError
 from shardpipes.raypool.actors import NAMESPACE, PoolActor
 from shardpipes.raypool.lease import Dealer, Lease, LeaseTable
 from shardpipes.raypool.reader import seek_refusal
+from shardpipes.raypool.sizing import SizingPolicy
 
 __all__ = ["RayReadingService", "SeekRefused"]
 
@@ -68,6 +69,8 @@ class RayReadingService(MultiProcessingReadingService):
         timeout: Seconds without a message from a reader before it is taken as lost and its
             logical reader leased again. Default: ``60``.
         check_every: Messages between two looks at the pool's membership. Default: ``16``.
+        sizing: Resize the pool from the trainer's wait for readers (rank 0 decides, every
+            ``sizing.window`` items); ``None`` (default) leaves the size to :meth:`scale`.
 
     Raises:
         ImportError: Ray is not installed, naming the extra.
@@ -86,6 +89,7 @@ class RayReadingService(MultiProcessingReadingService):
         replay: bool = False,
         timeout: float = 60,
         check_every: int = 16,
+        sizing: SizingPolicy | None = None,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers should be >= 1, got {num_workers!r}")
@@ -103,6 +107,8 @@ class RayReadingService(MultiProcessingReadingService):
         self.replay = replay
         self.lease_timeout = timeout
         self.check_every = check_every
+        self.sizing = sizing
+        self._window = (0.0, 0.0, 0)  # (wall, wait_s, items) at the start of a sizing window
         self._trainer = uuid.uuid4().hex[:12]
         self._pool_actor: Any = None
         self._graph_ref: Any = None
@@ -208,6 +214,8 @@ class RayReadingService(MultiProcessingReadingService):
             while True:
                 for item in dealer.deal():
                     self.stats["items"] += 1
+                    if self.sizing is not None:
+                        self._size(table)
                     yield item
                 reader = dealer.waiting_for()
                 if reader is None:
@@ -222,6 +230,36 @@ class RayReadingService(MultiProcessingReadingService):
         finally:
             self._cancel_all()
             self.stats["dropped"] = dealer.dropped
+
+    def _size(self, table: LeaseTable) -> None:
+        """Rank 0, every ``sizing.window`` items: resize the pool by the share of time it waited."""
+        assert self.sizing is not None and self._generator is not None
+        if self._generator.path[:1] not in ((), (0,)):
+            return
+        now = time.perf_counter()
+        start, waited, items = self._window
+        if not items and not start:
+            self._window = (now, self.stats["wait_s"], int(self.stats["items"]))
+            return
+        if self.stats["items"] - items < self.sizing.window:
+            return
+        share = (self.stats["wait_s"] - waited) / max(now - start, 1e-9)
+        self._window = (now, self.stats["wait_s"], int(self.stats["items"]))
+        current = len({le.member for le in table.all()})
+        want = self.sizing.next_size(current, waited=share)
+        if want != current:
+            if want > current:  # the machines first, where Ray's autoscaler runs
+                from ray.autoscaler.sdk import request_resources
+
+                request_resources(bundles=[_bundle_of(self.reader_options)] * want)
+            logger.info(
+                "reader pool %s: %d -> %d readers (waited %.0f%%)",
+                self.pool,
+                current,
+                want,
+                100 * share,
+            )
+            self._pool().scale.remote(want)
 
     def _start(self, lease: Lease, world: int) -> None:
         assert self._generator is not None
@@ -349,6 +387,13 @@ class RayReadingService(MultiProcessingReadingService):
     def _cancel_all(self) -> None:
         for fence in list(self._gens):
             self._cancel(fence)
+
+
+def _bundle_of(options: dict[str, Any]) -> dict[str, float]:
+    """The resources one reader actor asks for, as an autoscaler bundle."""
+    bundle = {"CPU": float(options.get("num_cpus", 1))}
+    bundle.update(options.get("resources") or {})
+    return bundle
 
 
 def _least_loaded(members: list[str], table: LeaseTable) -> str:
