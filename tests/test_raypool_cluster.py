@@ -139,6 +139,33 @@ def test_refuses_a_graph_that_cannot_seek(cluster, shards):
             next(iter(dl))
 
 
+def test_a_graph_that_cannot_seek_runs_by_replay_when_asked(cluster, shards):
+    def unindexed() -> Any:
+        return (
+            IterableWrapper(shards)
+            .shuffle()
+            .sharding_filter()
+            .open_files_by_fsspec()
+            .load_from_tar()
+            .webdataset()
+            .decode()
+            .map(Digest())
+            .shuffle(buffer_size=8)
+            .batch(3)
+        )
+
+    def flat(run_: list[Any]) -> list[Any]:
+        return [b for _, b in run_]
+
+    expected = run(unindexed(), MultiProcessingReadingService(2))
+    rs = RayReadingService(
+        2, pool="replay", readers=1, reader_options=READER, bundle=2, check_every=1, replay=True
+    )
+    got = run(unindexed(), rs, {3: lambda: rs.scale(2)})
+    assert flat(got) == flat(expected)
+    assert rs.stats["moved"] >= 1  # a reader moved, and replayed its way to the switch item
+
+
 def test_one_rank_readers_join_leave_die_and_the_pool_restarts(cluster, shards, tmp_path):
     c, nodes = cluster
     V = 4

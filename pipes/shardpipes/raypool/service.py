@@ -36,6 +36,10 @@ class SeekRefused(ValueError):
     """The graph cannot start a logical reader after its first items by seeking (and replay was not asked)."""
 
 
+#: Leases of one logical reader lost at the same item before the trainer gives up.
+MAX_LOSSES = 4
+
+
 def _ray() -> Any:
     try:
         import ray
@@ -114,6 +118,7 @@ class RayReadingService(MultiProcessingReadingService):
         self._graph_ref: Any = None
         self._gens: dict[int, Any] = {}  # fence -> the lease's streaming generator
         self._known: set[str] = set()  # reader actors this trainer has used
+        self._losses: dict[tuple[int, int], int] = {}  # (reader, item) -> leases lost there
         #: Counters: ``items``, ``messages``, ``wait_s`` (trainer time waiting for readers),
         #: ``released`` (leases replaced after a death), ``moved``, ``dropped`` (late items).
         self.stats: dict[str, float] = dict.fromkeys(
@@ -290,10 +295,9 @@ class RayReadingService(MultiProcessingReadingService):
             if ref.is_nil():
                 raise TimeoutError(f"no message in {self.lease_timeout} s")
             bundle = ray.get(ref, timeout=self.lease_timeout)
-        except StopIteration:
-            raise WorkerError(
-                f"reader actor {lease.member} ended logical reader {lease.reader} without its end"
-            ) from None
+        except StopIteration:  # a reader always sends its end: the actor went with the stream
+            self._lost(lease, ConnectionError("the stream ended early"), table, dealer, world)
+            return
         except Exception as exc:
             if _graph_error(ray, exc):
                 cause = exc.as_instanceof_cause() if hasattr(exc, "as_instanceof_cause") else exc
@@ -319,6 +323,13 @@ class RayReadingService(MultiProcessingReadingService):
             dealer.wanted(lease.reader),
         )
         self._cancel(lease.fence)
+        at = (lease.reader, dealer.wanted(lease.reader))
+        self._losses[at] = self._losses.get(at, 0) + 1
+        if self._losses[at] > MAX_LOSSES:  # not the actors: the item itself kills its reader
+            raise WorkerError(
+                f"logical reader {lease.reader} was lost {MAX_LOSSES + 1} times at its item "
+                f"{at[1]}, on different reader actors; the last: {type(exc).__name__}: {exc}"
+            ) from exc
         dead = {lease.member}
         try:
             self._pool().dead.remote(lease.member)
