@@ -222,10 +222,10 @@ class RayReadingService(MultiProcessingReadingService):
                     if self.sizing is not None:
                         self._size(table)
                     yield item
-                reader = dealer.waiting_for()
-                if reader is None:
+                waiting = dealer.waiting_for()
+                if waiting is None:
                     break
-                lease = table.maker(reader, dealer.wanted(reader))
+                lease = table.maker(waiting, dealer.wanted(waiting))
                 assert lease is not None  # a reader always has a lease for its next item
                 self._pull(lease, table, dealer, world)
                 self._drop_retired(table)
