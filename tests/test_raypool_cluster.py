@@ -381,7 +381,8 @@ def _entry(rank: int, world: int, store: str, out: str, *args: Any) -> None:
     try:
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
         try:
-            result: Any = ("ok", _rank(rank, world, *args))
+            fn = _RANK_FNS[args[0]] if args and args[0] in _RANK_FNS else _rank
+            result: Any = ("ok", fn(rank, world, *(args[1:] if fn is not _rank else args)))
         finally:
             dist.destroy_process_group()
     except BaseException as exc:
@@ -404,3 +405,52 @@ def test_a_sizing_policy_grows_the_pool_while_the_trainer_waits(cluster, shards)
     pool = ray.get_actor("sized-pool", namespace="shardpipes")
     assert rs.stats["moved"] >= 1  # readers moved to the new actors mid-epoch
     assert ray.get(pool.state.remote())[0] == []  # the last trainer out stopped the readers
+
+
+def _rank_head(rank: int, world: int, address: str, paths: list[str], k: int) -> Any:
+    """``k`` batches on 2 ranks under the Ray pool, and the rank's state after them."""
+    from shardpipes.dataloader2 import DistributedReadingService, SequentialReadingService
+
+    ray.init(address=address, namespace="shardpipes-tests", log_to_driver=False)
+    rs = RayReadingService(4, pool="ranks", readers=2, reader_options=READER)
+    head, state = take(graph(paths), SequentialReadingService(DistributedReadingService(), rs), k)
+    ray.shutdown()
+    return head, state
+
+
+_RANK_FNS = {"head": _rank_head}
+
+
+def test_a_state_of_two_ranks_resumes_on_one_as_the_worker_pool_resumes_it(
+    cluster, shards, tmp_path
+):
+    """Another number of trainer ranks: the existing elastic resume, the same under the Ray pool."""
+    import pickle
+
+    import torch.multiprocessing as mp
+
+    c, _ = cluster
+    ctx = mp.get_context("spawn")
+    store, out = tmp_path / "store", tmp_path / "out"
+    procs = [
+        ctx.Process(target=_entry, args=(r, 2, str(store), str(out), "head", c.address, shards, 5))
+        for r in range(2)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=600)
+        assert p.exitcode == 0, f"rank exited with {p.exitcode}"
+    heads = []
+    for r in range(2):
+        status, value = pickle.loads((tmp_path / f"out.{r}").read_bytes())
+        assert status == "ok", value
+        heads.append(value)
+    state = heads[0][1]
+    want, _ = take(graph(shards), MultiProcessingReadingService(4), -1, state)
+    got, _ = take(
+        graph(shards), RayReadingService(4, pool="ranks", reader_options=READER), -1, state
+    )
+    assert got == want and got
+    ids = [i for head, _ in heads for b, _ in head for i in b] + [i for b, _ in got for i in b]
+    assert len(ids) == len(set(ids))  # nothing read twice across the two topologies
