@@ -166,6 +166,38 @@ def test_a_graph_that_cannot_seek_runs_by_replay_when_asked(cluster, shards):
     assert rs.stats["moved"] >= 1  # a reader moved, and replayed its way to the switch item
 
 
+class Fails:
+    """Raises at one sample (a stage's own error, not a lost reader)."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def __call__(self, sample: tuple[int, str]) -> tuple[int, str]:
+        if sample[0] == self.at:
+            raise ValueError(f"bad sample {self.at}")
+        return sample
+
+
+def test_a_stage_error_reaches_the_trainer_with_its_type_and_reader(cluster, shards):
+    dp = (
+        IterableWrapper(shards)
+        .shuffle()
+        .sharding_by_index()
+        .open_files_by_fsspec()
+        .load_from_tar()
+        .webdataset()
+        .decode()
+        .map(Digest())
+        .map(Fails(40))
+        .batch(3)
+    )
+    rs = RayReadingService(2, pool="fails", readers=1, reader_options=READER)
+    with pytest.raises(ValueError, match="bad sample 40") as info:
+        run(dp, rs)
+    assert any("logical reader" in note for note in getattr(info.value, "__notes__", []))
+    assert rs.stats["released"] == 0  # an error of the graph is not a lost reader
+
+
 def test_one_rank_readers_join_leave_die_and_the_pool_restarts(cluster, shards, tmp_path):
     c, nodes = cluster
     V = 4
