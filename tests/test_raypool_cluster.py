@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,7 @@ def cluster() -> Any:
     finally:
         ray.shutdown()
         c.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
