@@ -130,7 +130,7 @@ def apply_epoch_plan(datapipe: IterDataPipe[Any], plan: EpochPlan) -> IterDataPi
         if isinstance(found, str) or len(sharders) != 1:
             raise ValueError(f"this graph cannot resume an epoch by seeking: {found}")
         shape, shuffler = found
-        resume = Resume(plan.resume, shape, plan.seed, plan.epoch)
+        resume = Resume(plan.resume, shape, plan.seed, plan.epoch, plan.after)
         sharders[0].set_resume(resume)
         if shuffler is not None:
             shuffler.set_resume(resume)

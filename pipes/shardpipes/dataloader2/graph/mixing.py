@@ -122,7 +122,9 @@ def apply_mix_plan(
         mixer.set_plan(plan, shape)
     if shuffler is not None and callable(getattr(shuffler, "set_resume", None)):
         assert shape is not None
-        shuffler.set_resume(MixResume(plan.resume, shape, plan.seed, plan.epoch, mixer=found[0]))
+        shuffler.set_resume(
+            MixResume(plan.resume, shape, plan.seed, plan.epoch, plan.after, mixer=found[0])
+        )
     return True
 
 

@@ -235,6 +235,7 @@ class MixerIterDataPipe(StageIterDataPipe[Any]):
             else functools.partial(
                 reader_stage_seed, plan.seed, plan.epoch, shape.shuffle_stage or 0
             ),
+            after=plan.after,
         )
         self._shuffle = mine.shuffle
         for s, piece in zip(sharders, mine.pieces, strict=True):
