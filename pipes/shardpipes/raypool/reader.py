@@ -20,7 +20,7 @@ from typing import Any
 
 from torch.utils.data import IterDataPipe
 
-from shardpipes.dataloader2._copy import copy_graph
+from shardpipes.dataloader2.workers.graph_copy import copy_graph
 from shardpipes.dataloader2.graph import apply_epoch_plan, resume_shape
 from shardpipes.dataloader2.utils.dispatch import shard_for_worker
 from shardpipes.plan.epoch import EpochPlan
