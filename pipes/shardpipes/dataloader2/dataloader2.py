@@ -15,6 +15,7 @@ from torch.utils.data import IterDataPipe, MapDataPipe
 
 from shardpipes.dataloader2 import _binding
 from shardpipes.dataloader2._attest import Attestor, Policy
+from shardpipes.dataloader2._consumers import Consumer, loader_length, own_state
 from shardpipes.dataloader2._copy import copy_graph
 from shardpipes.dataloader2._stats import check_epoch
 from shardpipes.dataloader2.adapter import Adapter
@@ -99,6 +100,8 @@ class DataLoader2Iterator(Iterator[T]):
         if dl._is_paused:
             raise PauseIteration  # ends this loop; the epoch continues after resume()
         item = next(dl._active)
+        if dl._consumer is not None:  # Lightning's fetcher: its state after each batch (_consumers)
+            dl._consumer.handed_out(dl._state())
         if self.limit_threshold is not None:
             self.limit_counter = (self.limit_counter or 0) + 1
             if self.limit_counter >= self.limit_threshold:
@@ -224,6 +227,7 @@ class DataLoader2(Generic[T]):
         self._resume_segments: tuple[Segment, ...] = ()
         self._skipped_at_start = 0
         self._attest = Attestor()  # ids, the ranks' check, what a state is bound to
+        self._consumer: Consumer | None = None  # the loop iterating this epoch, if Lightning's
         self._described = False
         if (
             dist.is_available()
@@ -338,6 +342,7 @@ class DataLoader2(Generic[T]):
         finally:
             self._end_iteration()
             self._datapipe_iter = None
+            self._consumer = None
 
     def __iter__(self) -> DataLoader2Iterator[T]:
         if self._closed:
@@ -388,7 +393,16 @@ class DataLoader2(Generic[T]):
             raise
         self._active = self._run(self._datapipe_iter, generator, skip, before)
         self.valid_iterator_id = 0 if self.valid_iterator_id is None else self.valid_iterator_id + 1
+        self._consumer = Consumer.find(self._state())
         return DataLoader2Iterator(self, self.valid_iterator_id)
+
+    def __len__(self) -> int:
+        """Items this rank yields in an epoch, when known exactly (else ``TypeError``).
+
+        Known with a shard index (``sharding_by_index`` then one-to-one stages and at most one
+        ``batch()``, any ranks and workers) and for a graph with a length read in-process.
+        """
+        return loader_length(self.datapipe, *_topology(self.reading_service))
 
     def _start_attest(self, seed: int, epoch: int) -> None:
         self._describe()
@@ -490,7 +504,15 @@ class DataLoader2(Generic[T]):
         ``serialized_datapipe``: the pickled graph with ``graph=True`` (what
         :meth:`from_state` and a loader made with ``datapipe=None`` need), else ``None``, so
         the state stays small and JSON-compatible.
+
+        While PyTorch Lightning's fit loop iterates the loader, the state is that after the last
+        batch Lightning passed on to a step (it fetches one ahead), and a checkpoint holds every
+        rank's (``dataloader2/_consumers.py``).
         """
+        state = self._state(graph=graph)
+        return state if self._consumer is None else self._consumer.state(state)
+
+    def _state(self, *, graph: bool = False) -> dict[str, Any]:
         world, workers, distributed = _topology(self.reading_service)
         seed: int | None
         current = self._current if self._active is not None else None
@@ -567,7 +589,7 @@ class DataLoader2(Generic[T]):
                 another number of ranks or workers and the graph cannot resume by seeking (it
                 needs ``sharding_by_index``, see docs/checkpointing.md), naming why.
         """
-        state = state_dict
+        state = own_state(state_dict)  # this rank's, of a checkpoint with every rank's
         if state.get(SERIALIZED_DATAPIPE_KEY_NAME) is not None:
             if self.datapipe is None:
                 self.datapipe = self._adapt(pickle.loads(state[SERIALIZED_DATAPIPE_KEY_NAME]))
