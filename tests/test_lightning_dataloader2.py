@@ -25,6 +25,7 @@ from shardpipes.dataloader2 import (
     MultiProcessingReadingService,
     SequentialReadingService,
 )
+from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.index import build_index, default_index_url
 from shardpipes.synthetic import write_synthetic
 from test_examples import require
@@ -113,7 +114,7 @@ def _quiet():
 
 @pytest.mark.parametrize(
     ("index", "workers"),
-    [(False, 2), (True, 2), (False, 0)],
+    [(False, 2), (True, 2), pytest.param(False, 0, marks=pytest.mark.slow)],
     ids=["no-index-2-workers", "index-2-workers", "no-index-in-process"],
 )
 def test_a_plain_dataloader2_resumes_exactly_under_a_trainer(tmp_path, shards, index, workers):
@@ -129,11 +130,38 @@ def test_a_plain_dataloader2_resumes_exactly_under_a_trainer(tmp_path, shards, i
     assert at20 == whole[20:]  # resumed at the epoch's end: the next epoch, whole
 
 
-def test_len_is_what_the_trainer_counts(tmp_path, shards):
-    require("lightning")
+@pytest.mark.parametrize(
+    ("policy", "drop_last", "workers"),
+    [("drop", False, 0), ("drop", True, 2), ("pad", False, 2), ("pad", True, 0)],
+)
+def test_len_is_the_batches_an_epoch_yields(tmp_path, policy, drop_last, workers):
+    # 7 + 11 + 13 = 31 samples: uneven for 2 readers, and batches of 4 leave a partial one.
+    paths = write_synthetic(tmp_path, shards=3, samples=[7, 11, 13], payload_bytes=8)
+    build_index(paths, progress=False).save(default_index_url(paths))
+    graph = (
+        IterableWrapper(paths)
+        .shuffle()
+        .sharding_by_index(policy=policy)
+        .open_files_by_fsspec()
+        .load_from_tar()
+        .webdataset()
+        .batch(4, drop_last=drop_last)
+    )
+    rs = MultiProcessingReadingService(num_workers=workers) if workers else None
+    with DataLoader2(graph, reading_service=rs) as dl:
+        dl.seed(1)
+        before = len(dl)
+        assert before == sum(1 for _ in dl) == len(dl)  # the same every epoch
+        assert before == sum(1 for _ in dl)
+
+
+def test_len_without_an_exact_length_is_a_type_error(shards):
     assert len(_loader(shards, index=True, workers=2)) == SAMPLES // BATCH
+    assert len(DataLoader2(IterableWrapper(range(10)).batch(4))) == 3  # in-process, torch's len
     with pytest.raises(TypeError, match="doesn't have valid length"):
         len(_loader(shards, index=False, workers=2))
+    with pytest.raises(TypeError, match="doesn't have valid length"):
+        len(_loader(shards, index=False, workers=0))  # in-process, but the tar stages have none
 
 
 def rank_fits(rank, world, folder, paths, index):
@@ -143,16 +171,24 @@ def rank_fits(rank, world, folder, paths, index):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
     _quiet()
-    return _runs(folder, paths, index=index, workers=0, ranks=True, devices=world)
+    dl = _loader(paths, index=index, workers=0, ranks=True)
+    try:
+        length = len(dl)
+    except TypeError:
+        length = None
+    return (length, *_runs(folder, paths, index=index, workers=0, ranks=True, devices=world))
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("index", [False, True], ids=["no-index", "index"])
+@pytest.mark.parametrize(
+    "index", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["no-index", "index"]
+)
 def test_a_plain_dataloader2_resumes_exactly_on_two_ddp_ranks(tmp_path, shards, index):
     require("lightning")
     got = run_ranks(rank_fits, 2, str(tmp_path), shards, index, timeout=240)
     epoch = []
-    for whole, head, at7, end in got:  # 10 steps an epoch on each rank
+    for length, whole, head, at7, end in got:  # 10 steps an epoch on each rank
+        assert length == (10 if index else None)  # exact with the index; unknown without
         assert len(whole) == 20 and head == whole[:10]
         assert head[:7] + at7 == whole  # each rank takes its own batches back
         assert end == whole[10:]

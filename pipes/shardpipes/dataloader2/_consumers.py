@@ -25,6 +25,7 @@ import copy
 import sys
 import warnings
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
@@ -46,7 +47,8 @@ _CHECKPOINT = (
     "lightning.pytorch.utilities.combined_loader",
     "pytorch_lightning.utilities.combined_loader",
 )
-_DEPTH = 16  # frames between DataLoader2.__iter__ (or state_dict) and Lightning's caller
+_LIGHTNING = ("lightning.", "pytorch_lightning.")
+_DEPTH = 16  # frames between DataLoader2.__iter__ (or state_dict) and Lightning's fetcher
 
 
 def loader_length(
@@ -88,14 +90,21 @@ def loader_length(
         raise TypeError(f"DataLoader2 instance doesn't have valid length: {exc}") from None
 
 
-def _caller(modules: tuple[str, ...], depth: int = _DEPTH) -> tuple[bool, Any]:
-    """Whether a calling frame runs code of ``modules``, and the first such frame's ``self``."""
-    frame = sys._getframe(2)
+def _lightning_caller(modules: tuple[str, ...]) -> tuple[bool, Any]:
+    """Whether Lightning's code in ``modules`` called the loader method that calls this, directly.
+
+    Walks up from that method's caller through Lightning's own frames only: a wrapper between
+    Lightning and the loader (``shardpipes.lightning.LightningLoader``, which keeps the state of
+    the steps' batches itself) makes it not Lightning's call. Also returns the ``self`` of the
+    first frame in ``modules`` that has one (the fetcher).
+    """
+    frame = sys._getframe(3)  # this <- Consumer.find/state <- DataLoader2.__iter__/state_dict
     found = False
-    for _ in range(depth):
-        if frame is None:
+    for _ in range(_DEPTH):
+        name = frame.f_globals.get("__name__", "") if frame is not None else ""
+        if frame is None or not name.startswith(_LIGHTNING):
             break
-        if frame.f_globals.get("__name__", "") in modules:
+        if name in modules:
             found = True
             owner = frame.f_locals.get("self")  # None in a comprehension's own frame
             if owner is not None:
@@ -121,10 +130,14 @@ class Consumer:
         self._warned = False
 
     @classmethod
-    def find(cls, start: dict[str, Any]) -> Consumer | None:
-        """The consumer of the epoch starting now (call from ``DataLoader2.__iter__``)."""
-        fetcher = _caller(_FETCHERS)[1]
-        return None if fetcher is None else cls(fetcher, start)
+    def find(cls, state: Callable[[], dict[str, Any]]) -> Consumer | None:
+        """The consumer of the epoch starting now (call from ``DataLoader2.__iter__``).
+
+        Args:
+            state: The loader's own state now (called only when the consumer is Lightning's).
+        """
+        fetcher = _lightning_caller(_FETCHERS)[1]
+        return None if fetcher is None else cls(fetcher, state())
 
     def handed_out(self, state: dict[str, Any]) -> None:
         """Note the loader's state after a batch it handed out."""
@@ -151,7 +164,7 @@ class Consumer:
                 )
         # A batch still ahead belongs to this epoch (the fetcher fetches none past its end).
         state = self._states[max(len(self._states) - 1 - ahead, 0)] if ahead else current
-        if _caller(_CHECKPOINT)[0] and dist.is_available() and dist.is_initialized():
+        if _lightning_caller(_CHECKPOINT)[0] and dist.is_available() and dist.is_initialized():
             # Lightning asks on every rank and writes rank 0's checkpoint only.
             ranks: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(ranks, state)

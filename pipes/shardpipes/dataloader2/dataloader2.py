@@ -228,6 +228,7 @@ class DataLoader2(Generic[T]):
         self._skipped_at_start = 0
         self._attest = Attestor()  # ids, the ranks' check, what a state is bound to
         self._consumer: Consumer | None = None  # the loop iterating this epoch, if Lightning's
+        self._length: tuple[int, int] | None = None  # (epochs run, len()) once computed
         self._described = False
         if (
             dist.is_available()
@@ -393,7 +394,7 @@ class DataLoader2(Generic[T]):
             raise
         self._active = self._run(self._datapipe_iter, generator, skip, before)
         self.valid_iterator_id = 0 if self.valid_iterator_id is None else self.valid_iterator_id + 1
-        self._consumer = Consumer.find(self._state())
+        self._consumer = Consumer.find(self._state)
         return DataLoader2Iterator(self, self.valid_iterator_id)
 
     def __len__(self) -> int:
@@ -402,7 +403,15 @@ class DataLoader2(Generic[T]):
         Known with a shard index (``sharding_by_index`` then one-to-one stages and at most one
         ``batch()``, any ranks and workers) and for a graph with a length read in-process.
         """
-        return loader_length(self.datapipe, *_topology(self.reading_service))
+        if self._length is None or self._length[0] != self._epochs_run:  # once an epoch
+            self._length = (
+                self._epochs_run,
+                loader_length(self.datapipe, *_topology(self.reading_service)),
+            )
+        return self._length[1]
+
+    def __bool__(self) -> bool:
+        return True  # a loader is true whatever its length (0.9's had none; truth never asks it)
 
     def _start_attest(self, seed: int, epoch: int) -> None:
         self._describe()
