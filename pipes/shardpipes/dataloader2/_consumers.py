@@ -38,7 +38,7 @@ from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
 from shardpipes.errors import ShardpipesWarning
 from shardpipes.plan.readers import batches, per_reader, reader_count
 
-__all__ = ["Consumer", "loader_length", "own_state"]
+__all__ = ["Consumer", "lightning_probe", "loader_length", "own_state"]
 
 #: The modules of Lightning's data fetchers (the 2.x package and the older standalone one).
 _FETCHERS = ("lightning.pytorch.loops.fetchers", "pytorch_lightning.loops.fetchers")
@@ -46,6 +46,11 @@ _FETCHERS = ("lightning.pytorch.loops.fetchers", "pytorch_lightning.loops.fetche
 _CHECKPOINT = (
     "lightning.pytorch.utilities.combined_loader",
     "pytorch_lightning.utilities.combined_loader",
+)
+#: Where Lightning calls ``iter()`` on a loader only to see that it can.
+_PROBE = (
+    "lightning.pytorch.trainer.connectors.data_connector",
+    "pytorch_lightning.trainer.connectors.data_connector",
 )
 _LIGHTNING = ("lightning.", "pytorch_lightning.")
 _DEPTH = 16  # frames between DataLoader2.__iter__ (or state_dict) and Lightning's fetcher
@@ -111,6 +116,16 @@ def _lightning_caller(modules: tuple[str, ...]) -> tuple[bool, Any]:
                 return True, owner
         frame = frame.f_back
     return found, None
+
+
+def lightning_probe() -> bool:
+    """Whether Lightning calls ``iter()`` only to check that the loader is iterable.
+
+    Lightning does so once before fitting (``_check_dataloader_iterable``) and drops the
+    iterator; the loader answers without starting an epoch, so that Lightning's first epoch is
+    the loader's first (the plan of ``(seed, 0)``), as in a plain loop.
+    """
+    return _lightning_caller(_PROBE)[0]
 
 
 class AheadWarning(ShardpipesWarning):

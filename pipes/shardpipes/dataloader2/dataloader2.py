@@ -15,7 +15,12 @@ from torch.utils.data import IterDataPipe, MapDataPipe
 
 from shardpipes.dataloader2 import _binding
 from shardpipes.dataloader2._attest import Attestor, Policy
-from shardpipes.dataloader2._consumers import Consumer, loader_length, own_state
+from shardpipes.dataloader2._consumers import (
+    Consumer,
+    lightning_probe,
+    loader_length,
+    own_state,
+)
 from shardpipes.dataloader2._copy import copy_graph
 from shardpipes.dataloader2._stats import check_epoch
 from shardpipes.dataloader2.adapter import Adapter
@@ -352,6 +357,8 @@ class DataLoader2(Generic[T]):
             raise RuntimeError(
                 "Please provide datapipe or use load_state_dict to load datapipe from state"
             )
+        if lightning_probe():  # Lightning checks that iter() works: no epoch starts for it
+            return DataLoader2Iterator(self, -1)
         self._close_active()
         self._is_paused = False
         if self._graph is None:
