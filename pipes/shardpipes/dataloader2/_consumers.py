@@ -57,9 +57,15 @@ _DEPTH = 16  # frames between DataLoader2.__iter__ (or state_dict) and Lightning
 
 
 def loader_length(
-    datapipe: IterDataPipe[Any] | None, world: int, workers: int, distributed: bool
+    datapipe: IterDataPipe[Any] | None,
+    running: IterDataPipe[Any] | None,
+    world: int,
+    workers: int,
+    distributed: bool,
 ) -> int:
     """Items this rank yields in one (whole) epoch, when that is known exactly.
+
+    ``datapipe`` is the user's graph, ``running`` the loader's copy once it runs (or ``None``).
 
     Known for a graph that reads with ``sharding_by_index`` followed by one-to-one stages and at
     most one ``batch()`` (every reader gets the same number of samples: the index says how
@@ -73,12 +79,15 @@ def loader_length(
         raise TypeError("DataLoader2 instance doesn't have valid length: it has no graph yet")
     plan = exact_length_plan(datapipe)
     if plan is not None:
+        # The running graph's sharder first: it holds the index the ranks shared (rank 0 read
+        # the descriptor once for the job), so a length costs no read of its own.
         sharders = [
             dp
-            for dp in get_all_graph_pipes(traverse_dps(datapipe))
+            for graph in ((running, datapipe) if running is not None else (datapipe,))
+            for dp in get_all_graph_pipes(traverse_dps(graph))
             if isinstance(dp, IndexSharderIterDataPipe)
-        ]
-        if len(sharders) == 1:
+        ][:1]
+        if sharders:
             sharder = sharders[0]
             readers = reader_count(world if distributed else 1, workers)
             samples = per_reader(sharder.epoch_samples(), readers, sharder.policy)

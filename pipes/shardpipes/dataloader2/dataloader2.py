@@ -413,7 +413,7 @@ class DataLoader2(Generic[T]):
         if self._length is None or self._length[0] != self._epochs_run:  # once an epoch
             self._length = (
                 self._epochs_run,
-                loader_length(self.datapipe, *_topology(self.reading_service)),
+                loader_length(self.datapipe, self._graph, *_topology(self.reading_service)),
             )
         return self._length[1]
 
