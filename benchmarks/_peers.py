@@ -219,12 +219,18 @@ class _NormaliseAfter:
         self.loader = loader
 
     def __iter__(self) -> Any:
+        import numpy as np
+        import torch
+
         from shardpipes.formats.image import IMAGENET_MEAN, IMAGENET_STD, _affine
 
         scale, shift = _affine(IMAGENET_MEAN, IMAGENET_STD)
         for batch in self.loader:
             for s in batch:
-                s[".jpg"] = s[".jpg"].float().mul_(scale).add_(shift)
+                # in numpy, as the stage itself does: torch's ops would wake its thread pool
+                out = np.multiply(s[".jpg"].numpy(), scale, dtype=np.float32)
+                out += shift
+                s[".jpg"] = torch.from_numpy(out)
             yield batch
 
 
@@ -425,6 +431,7 @@ PEERS: dict[str, Callable[[dict, int, dict], Made]] = {
     "wids": wids,
     "tarfile": tarfile,
     "litdata": lambda m, w, c: _native("litdata", m, w, c),
+    "litdata_bare": lambda m, w, c: _native("litdata_bare", m, w, c),
     "mosaic": lambda m, w, c: _native("mosaic", m, w, c),
     "energon": lambda m, w, c: _native("energon", m, w, c),
     "dali": lambda m, w, c: _native("dali", m, w, c),
@@ -481,6 +488,7 @@ PRELOAD: dict[str, list[str]] = {
     "wids": ["torch", "wids", "wids.wids_decode"],
     "tarfile": ["tarfile"],
     "litdata": ["torch", "litdata", "_peers_native"],
+    "litdata_bare": ["torch", "litdata", "_peers_native"],
     "mosaic": ["torch", "_peers_native"],
     "energon": ["torch", "megatron.energon", "_peers_native"],
     "dali": ["nvidia.dali", "nvidia.dali.fn", "_peers_native"],
@@ -527,6 +535,7 @@ def library_versions(peer: str) -> dict[str, str]:
         "wids": ["wids", "torch"],
         "tarfile": [],
         "litdata": ["litdata", "torch"],
+        "litdata_bare": ["litdata", "torch"],
         "mosaic": ["mosaicml-streaming", "torch"],
         "energon": ["megatron-energon", "torch"],
         "dali": ["nvidia-dali-cuda120"],

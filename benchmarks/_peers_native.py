@@ -7,6 +7,8 @@ worker where the peer has workers:
 
 - ``litdata``: ``StreamingDataset(dir, shuffle=True)`` + ``StreamingDataLoader(batch_size=64,
   num_workers=N, collate_fn=...)``; the item function runs in the collate function.
+  ``litdata_bare``: the same ``StreamingDataset`` iterated directly in the calling thread, the
+  item function on each sample, lists of 64 (no loader).
 - ``mosaic``: ``StreamingDataset(local=dir, shuffle=True, batch_size=64)`` + torch
   ``DataLoader(batch_size=64, num_workers=N, collate_fn=...)``.
 - ``energon``: ``get_train_dataset(dir, shuffle_buffer_size=1000, batch_size=64,
@@ -59,6 +61,39 @@ def litdata(m: dict, workers: int, cfg: dict) -> Made:
         dl,
         _nothing,
         f"litdata StreamingDataLoader(batch_size={cfg['batch']}, num_workers={workers}) over StreamingDataset(shuffle=True)",
+    )
+
+
+class _Batched:
+    """The item function over each item of ``items``, in lists of ``batch``: a plain loop."""
+
+    def __init__(self, items: Any, batch: int) -> None:
+        self.items, self.batch = items, batch
+
+    def __iter__(self) -> Iterator[list]:
+        item, out = _ITEM, []
+        for s in self.items:
+            out.append(item(s))
+            if len(out) == self.batch:
+                yield out
+                out = []
+        if out:
+            yield out
+
+
+def litdata_bare(m: dict, workers: int, cfg: dict) -> Made:
+    """LitData's ``StreamingDataset`` iterated directly (no loader), in the calling thread."""
+    import litdata as ld
+
+    if workers:
+        raise ValueError("litdata_bare is an in-process row (the dataset iterated directly)")
+    global _ITEM
+    _ITEM = item_fn(m)
+    ds = ld.StreamingDataset(m["native"]["litdata"]["dir"], shuffle=True, seed=0)
+    return (
+        _Batched(ds, cfg["batch"]),
+        _nothing,
+        f"litdata StreamingDataset(shuffle=True) iterated directly, item function per sample, lists of {cfg['batch']}",
     )
 
 
@@ -225,6 +260,7 @@ def dali(m: dict, workers: int, cfg: dict) -> Made:
 
 PEERS: dict[str, Callable[[dict, int, dict], Made]] = {
     "litdata": litdata,
+    "litdata_bare": litdata_bare,
     "mosaic": mosaic,
     "energon": energon,
     "dali": dali,

@@ -28,6 +28,7 @@ ALL_PEERS = [
     "torchdata09",
     "torchdata09_dl",
     "litdata",
+    "litdata_bare",
     "mosaic",
     "energon",
     "dali",
@@ -144,6 +145,7 @@ PEERS = (
     "torchdata09_dl",
     "wids",
     "litdata",
+    "litdata_bare",
     "mosaic",
     "energon",
     "dali",
@@ -212,12 +214,17 @@ def targets(preset: str, rows: dict, workers: int) -> list[str]:
         )
         # the per-sample issue: 1.2x LitData per CPU-second in-process, ahead with workers,
         # for the README graph and the same graph with the index
+        # (issue 42: LitData's StreamingDataset iterated bare, without its loader, as well)
         for ours_row in ("shardpipes", "shardpipes_idx"):
-            for mode, goal in ((0, 1.2), (workers, 1.0)):
+            for peer, mode, goal in (
+                ("litdata", 0, 1.2),
+                ("litdata_bare", 0, 1.2),
+                ("litdata", workers, 1.0),
+            ):
                 a = _get(rows, ours_row, mode, "samples_per_cpu_s")
-                b = _get(rows, "litdata", mode, "samples_per_cpu_s")
+                b = _get(rows, peer, mode, "samples_per_cpu_s")
                 line(
-                    f"small {mode_name(mode)} per CPU-second: {ours_row} vs litdata",
+                    f"small {mode_name(mode)} per CPU-second: {ours_row} vs {peer}",
                     a / b if a and b else None,
                     goal,
                 )

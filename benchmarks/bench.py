@@ -45,12 +45,21 @@ import _report  # noqa: E402
 import _venv  # noqa: E402
 
 ALL_PEERS = _report.ALL_PEERS
-IN_PROCESS_ONLY = {"cat", "s3cat", "tarfile", "shardpipes_dl2", "shardpipes_fused_t2"}
+IN_PROCESS_ONLY = {
+    "cat",
+    "s3cat",
+    "tarfile",
+    "shardpipes_dl2",
+    "shardpipes_fused_t2",
+    "litdata_bare",
+}
 # shardpipes' crop-decode stage: the same graph as "shardpipes" where there are no images
 JPEG_ONLY = {"shardpipes_fused", "shardpipes_fused_t2", "shardpipes_fused_u8"}
 WORKERS_ONLY = {"torchdata09_dl", "shardpipes_fused_u8"}
 # Peers that read their own format: written once per preset by their own writer (_native.py).
-NATIVE = {"litdata", "mosaic", "energon", "dali"}
+NATIVE = {"litdata", "litdata_bare", "mosaic", "energon", "dali"}
+# A peer that reads another's format (the same files, run another way).
+FORMAT_OF = {"litdata_bare": "litdata"}
 IN_PEERS_VENV = {"webdataset", "wids", "torchdata09", "torchdata09_dl", *NATIVE}
 
 
@@ -171,6 +180,10 @@ def run_trial(
         f"--epochs={args.epochs}",
     ]
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", **(extra_env or {}))
+    if args.omp_threads == "default":  # torch's own choice: a thread per core
+        del env["OMP_NUM_THREADS"]
+    else:
+        env["OMP_NUM_THREADS"] = args.omp_threads
     try:
         p = subprocess.run(
             cmd, capture_output=True, text=True, timeout=args.timeout, env=env, cwd=REPO
@@ -217,6 +230,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--epochs", type=int, default=1, help="epochs per run; the last is timed (default: 1)"
     )
     ap.add_argument("--shuffle", type=int, default=1000, help="shuffle buffer (default: 1000)")
+    ap.add_argument(
+        "--omp-threads",
+        default="1",
+        help="OMP_NUM_THREADS of every trial (torch's intra-op threads): a number, or 'default' "
+        "for torch's own (one per core, what a training process has); default: 1",
+    )
     ap.add_argument("--batch", type=int, default=64, help="batch size (default: 64)")
     ap.add_argument(
         "--cache-dir", default=os.path.join(REPO, ".bench", "data"), help="where shards are kept"
@@ -252,6 +271,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for m in args.modes:
         if m not in ("inproc", "workers"):
             ap.error(f"unknown mode {m!r}; must be inproc or workers")
+    if args.omp_threads != "default" and not (args.omp_threads.isdigit() and int(args.omp_threads)):
+        ap.error(f"--omp-threads {args.omp_threads!r} must be a number >= 1 or 'default'")
     if args.trials < 1 or args.epochs < 1 or args.workers < 1:
         ap.error("--trials, --epochs and --workers must be >= 1")
     return args
@@ -354,11 +375,14 @@ def main(argv: list[str] | None = None) -> int:
         missing = dict(unavailable)
         m["native"] = {}
         for peer in [p for p in peers if p in NATIVE]:
-            native, why = ensure_native(m, peer, pythons[peer])
+            fmt = FORMAT_OF.get(peer, peer)
+            native = m["native"].get(fmt)
+            if native is None:
+                native, why = ensure_native(m, fmt, pythons[peer])
             if native is None:
                 missing[peer] = why
             else:
-                m["native"][peer] = native
+                m["native"][fmt] = native
         here = [p for p in peers if p not in missing]
         if m["preset"].get("kind") != "jpeg":
             here = [p for p in here if p not in JPEG_ONLY]

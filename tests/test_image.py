@@ -273,3 +273,67 @@ def test_the_stage_reads_members_straight_from_load_from_tar(tmp_path):
     got = list(dp)
     assert [s["__key__"] for s in got] == ["k0", "k1", "k2"]
     assert all(tuple(s[".jpg"].shape) == (3, 32, 32) for s in got)
+
+
+# A fresh process: torch (2 intra-op threads) and the stage, then the threads it has. torch's
+# intra-op pool starts its threads at the first parallel region, so a stage that woke it
+# (a copy, a flip, a normalisation done by torch) leaves one more thread; then a parallel op
+# of torch's own shows that the count would have moved.
+_POOL_CHECK = """
+import os, sys
+import torch
+torch.set_num_threads(2)
+sys.path.insert(0, {tests!r})
+from test_image import PHOTOS
+from shardpipes.datapipes.iter import IterableWrapper
+from shardpipes.formats import image as fi
+
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+samples = [{{"__key__": f"k{{i}}", "__url__": "m", ".jpg": PHOTOS[i % 5]}} for i in range(10)]
+before = threads()
+for kw in ({{}}, {{"mean": None, "std": None}}, {{"exact": True}}):
+    assert len(list(IterableWrapper(samples).decode_random_resized_crop(64, **kw))) == 10
+fi.ImageDecoder(48)(PHOTOS[0])
+after = threads()
+torch.ones(1 << 20).add_(1)
+print(before, after, threads())
+"""
+
+
+@pytest.mark.parametrize("capability", ["native", "default"])
+def test_the_stage_never_wakes_torchs_intra_op_threads(capability):
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    if capability == "default":  # torch's generic kernels: the resize goes to Pillow
+        env["ATEN_CPU_CAPABILITY"] = "default"
+    code = _POOL_CHECK.format(tests=str(pathlib.Path(__file__).parent))
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    before, after, control = map(int, run.stdout.split())
+    assert after == before  # the stage ran in the calling thread alone
+    assert control > after  # a parallel torch op does start the pool
+
+
+def test_the_resize_without_torchs_kernel_is_within_one_of_it():
+    rng = np.random.default_rng(3)
+    for data in PHOTOS[:4]:
+        rgbx = np.asarray(Image.open(io.BytesIO(data)).convert("RGBX"))
+        h, w = rgbx.shape[:2]
+        for _ in range(10):
+            top, left = int(rng.integers(0, h - 20)), int(rng.integers(0, w - 20))
+            crop = rgbx[
+                top : int(rng.integers(top + 10, h)), left : int(rng.integers(left + 10, w))
+            ]
+            for size in ((224, 224), (40, 30)):
+                a = fi._resize_rgbx(crop, size, use_torch=True)[..., :3].astype(int)
+                b = fi._resize_rgbx(crop, size, use_torch=False)[..., :3].astype(int)
+                assert a.shape == b.shape == (size[1], size[0], 3)
+                assert np.abs(a - b).max() <= 1

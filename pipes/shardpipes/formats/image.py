@@ -10,10 +10,11 @@ JPEG decoder itself (Pillow's ``draft``: libjpeg's DCT scaling) and shrunk with
 crop's pixels with torch's antialiased bilinear filter: less work, slightly different pixels
 (``docs/performance.md`` gives the accuracy measured).
 
-Pillow and torch release the GIL while they decode and resize, so these functions can run in
-threads. Everything else (other formats, CMYK, a file the row decoder cannot finish) goes
-through Pillow's ordinary full decode: the same pixels, only slower. Pillow, numpy and torch
-are imported when first used.
+Pillow, numpy and torch release the GIL while they decode and resize, so these functions can
+run in threads; none of them uses torch's intra-op thread pool (see :func:`decode_crop_tensor`).
+Everything else (other formats, CMYK, a file the row decoder cannot finish) goes through
+Pillow's ordinary full decode: the same pixels, only slower. Pillow, numpy and torch are
+imported when first used.
 """
 
 from __future__ import annotations
@@ -302,14 +303,18 @@ def decode_crop_tensor(
     bilinear interpolation on ``uint8`` (``interpolate(..., antialias=True)``, the resize
     torchvision applies to tensors: within 1 of Pillow's value per pixel, about 3x faster
     here), after DCT scaling when the crop is at least twice the output; the flip and the
-    normalisation are one pass each over the 224x224 result.
+    normalisation are one pass in numpy over the 224x224 result.
+
+    Every step runs in the calling thread, none on torch's intra-op thread pool, so the CPU
+    spent per image does not depend on ``torch.set_num_threads`` and no torch setting is
+    changed. Where torch's uint8 resize is not its vectorised kernel (a CPU without AVX2, or
+    another architecture), which would use the pool, Pillow resizes the crop instead (within
+    1 of torch's value per pixel).
     """
     if exact:
         img = decode_crop(data, size, box, exact=True, flip=flip, box_fn=box_fn)
         return to_tensor(img, mean, std)
     import numpy as np
-    import torch
-    import torch.nn.functional as F
 
     raw = bytes(data) if not isinstance(data, bytes) else data
     arr = None
@@ -334,9 +339,7 @@ def decode_crop_tensor(
         left, top = int(scaled[0]), int(scaled[1])
         right = max(left + 1, int(round(scaled[2])))
         bottom = max(top + 1, int(round(scaled[3])))
-        # all 4 bytes of a pixel (RGB + pad): torch's uint8 antialiased resize has a vectorised
-        # path for 4 channels-last channels, 2-3x faster here than for the 3 of RGB alone
-        hwc = torch.from_numpy(arr)[top:bottom, left:right]
+        crop = arr[top:bottom, left:right]
     else:
         img, box, cut = _open_box(raw, size, box, box_fn, exact=False)
         left, top = int(box[0]), int(box[1])
@@ -347,32 +350,93 @@ def decode_crop_tensor(
             part = img
         if part.mode != "RGB":
             part = part.convert("RGB")
-        hwc = torch.from_numpy(np.array(part.crop((left, top, right, bottom))))
-    crop = hwc.permute(2, 0, 1).unsqueeze(0).contiguous(memory_format=torch.channels_last)
-    out = F.interpolate(
-        crop, size=(size[1], size[0]), mode="bilinear", antialias=True, align_corners=False
-    )[0]
-    if flip:
-        out = out.flip(2)
-    out = out.contiguous()[:3]  # CHW planes (the pad byte's plane dropped): float work is faster
+        crop = np.asarray(part.crop((left, top, right, bottom)).convert("RGBX"))
+    return _chw(_resize_rgbx(crop, size), flip, mean, std)
+
+
+# The CPU kernels (torch.backends.cpu.get_cpu_capability()) whose uint8 antialiased resize of
+# 4 channels-last channels is torch's vectorised one, which runs in the calling thread alone.
+# Elsewhere torch resizes with its generic kernel, on the intra-op thread pool.
+_SERIAL_RESIZE = frozenset(("AVX2", "AVX512"))
+_TORCH_RESIZE: list[bool] = []
+
+
+def _torch_resizes_serially() -> bool:
+    """Whether torch's uint8 antialiased resize runs in the calling thread (decided once)."""
+    if not _TORCH_RESIZE:
+        import torch
+
+        _TORCH_RESIZE.append(torch.backends.cpu.get_cpu_capability() in _SERIAL_RESIZE)
+    return _TORCH_RESIZE[0]
+
+
+def _resize_rgbx(crop: Any, size: tuple[int, int], *, use_torch: bool | None = None) -> Any:
+    """``crop`` (HWC uint8, RGB + a pad byte) resized to ``size`` (``(w, h)``), as ``(h, w, 4)``.
+
+    Bilinear with antialias, from the crop's pixels alone (nothing outside it is read).
+
+    Only work that runs in the calling thread: a training process's torch keeps its intra-op
+    threads for its model, and a stage that woke them for every sample (a copy, a flip, a
+    normalisation each wake the pool, whose threads then spin) would cost more CPU per sample
+    with more threads. torch's vectorised kernel where it runs in this thread (2-5x Pillow's
+    resize), else Pillow's ``resize`` of the crop (the filter torch's copies, within 1 of it).
+    """
+    import numpy as np
+
+    # copied in numpy (torch's copy would wake the intra-op pool); writable, as torch wants
+    crop = np.require(crop, np.uint8, ("C", "W"))
+    if use_torch is None:
+        use_torch = _torch_resizes_serially()
+    if use_torch:
+        import torch
+        import torch.nn.functional as F
+
+        # NCHW over the HWC memory, channels-last with a batch stride of its own: the output is
+        # then channels-last too, written straight by the kernel (else packed in a second pass)
+        nchw = torch.from_numpy(crop).unsqueeze(0).permute(0, 3, 1, 2)
+        out = F.interpolate(
+            nchw, size=(size[1], size[0]), mode="bilinear", antialias=True, align_corners=False
+        )
+        return out[0].permute(1, 2, 0).numpy()
+    from PIL import Image
+
+    h, w = crop.shape[:2]
+    img = Image.frombuffer("RGBX", (w, h), crop, "raw", "RGBX", 0, 1)
+    return np.asarray(img.resize(size, Image.Resampling.BILINEAR))
+
+
+def _chw(hwc: Any, flip: bool, mean: Sequence[float] | None, std: Sequence[float] | None) -> Any:
+    """HWC uint8 pixels (the first 3 channels) as a CHW tensor, ``uint8`` or normalised float32.
+
+    Float32 ``(x / 255 - mean) / std`` when ``mean`` and ``std`` are given; mirrored
+    left-right when ``flip``. In numpy (one pass, in this thread), handed to torch uncopied.
+    """
+    import numpy as np
+    import torch
+
+    src = hwc[:, ::-1, :3] if flip else hwc[:, :, :3]
+    chw = src.transpose(2, 0, 1)
     if mean is None or std is None:
-        return out.contiguous()
+        return torch.from_numpy(np.array(chw, order="C"))  # always a (writable) copy
     scale, shift = _affine(tuple(mean), tuple(std))
-    return out.float().mul_(scale).add_(shift)
+    out = np.empty(chw.shape, np.float32)
+    np.multiply(chw, scale, out=out)  # x * a + b: float32, as torch's .float().mul_(a).add_(b)
+    out += shift
+    return torch.from_numpy(out)
 
 
 _AFFINE: dict[tuple[tuple[float, ...], tuple[float, ...]], tuple[Any, Any]] = {}
 
 
 def _affine(mean: tuple[float, ...], std: tuple[float, ...]) -> tuple[Any, Any]:
-    """``(a, b)`` with ``x * a + b == (x / 255 - mean) / std``, shaped ``(C, 1, 1)``, cached."""
+    """``(a, b)``: float32 arrays ``(C, 1, 1)`` with ``x * a + b == (x / 255 - mean) / std``, cached."""
     got = _AFFINE.get((mean, std))
     if got is None:
-        import torch
+        import numpy as np
 
-        a = torch.tensor([1 / (255 * s) for s in std], dtype=torch.float32).view(-1, 1, 1)
-        b = torch.tensor([-m / s for m, s in zip(mean, std, strict=True)], dtype=torch.float32)
-        got = _AFFINE[(mean, std)] = (a, b.view(-1, 1, 1))
+        a = np.array([1 / (255 * s) for s in std], np.float32).reshape(-1, 1, 1)
+        b = np.array([-m / s for m, s in zip(mean, std, strict=True)], np.float32)
+        got = _AFFINE[(mean, std)] = (a, b.reshape(-1, 1, 1))
     return got
 
 
@@ -381,14 +445,8 @@ def to_tensor(
 ) -> Any:
     """An RGB image as a contiguous CHW tensor: ``uint8``, or float32 ``(x / 255 - mean) / std``."""
     import numpy as np
-    import torch
 
-    # np.array: a writable HWC copy of the pixels; then CHW order, then float
-    chw = torch.from_numpy(np.array(img)).permute(2, 0, 1).contiguous()
-    if mean is None or std is None:
-        return chw
-    scale, shift = _affine(tuple(mean), tuple(std))
-    return chw.float().mul_(scale).add_(shift)
+    return _chw(np.asarray(img), False, mean, std)
 
 
 class ImageDecoder:

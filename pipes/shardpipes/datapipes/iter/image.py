@@ -105,7 +105,9 @@ class RandomResizedCropDecoderIterDataPipe(SeededRng, StageIterDataPipe[Sample])
             image's.
         threads: Decode this many samples at a time in threads (Pillow and torch release the
             GIL while they work): more samples per second in one process, the same CPU time per
-            sample. Default: ``0`` (in the calling thread).
+            sample. Default: ``0`` (in the calling thread). Either way the stage never runs
+            work on torch's intra-op threads, so its CPU per sample is the same whatever
+            ``torch.set_num_threads`` a training process chose for its model.
 
     Yields:
         dict: The sample, its image fields replaced by tensors (a new dict).
