@@ -37,6 +37,8 @@ class DataLoader2Iterator(Iterator[T]):
         if dl._is_paused:
             raise PauseIteration  # ends this loop; the epoch continues after resume()
         item = next(dl._active)
+        if dl._consumer is not None:  # Lightning's fetcher: its state after each batch (_consumers)
+            dl._consumer.handed_out(dl._state())
         if self.limit_threshold is not None:
             self.limit_counter = (self.limit_counter or 0) + 1
             if self.limit_counter >= self.limit_threshold:

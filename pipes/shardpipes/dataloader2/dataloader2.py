@@ -17,6 +17,7 @@ from torch.utils.data import IterDataPipe, MapDataPipe
 
 from shardpipes.dataloader2 import _binding, _checkpoint, _epoch
 from shardpipes.dataloader2._attest import Attestor, Policy
+from shardpipes.dataloader2._consumers import Consumer, lightning_probe, loader_length, own_state
 from shardpipes.dataloader2._iterator import DataLoader2Iterator
 from shardpipes.dataloader2.adapter import Adapter
 from shardpipes.dataloader2.reading_service import InProcessReadingService, ReadingServiceInterface
@@ -115,6 +116,8 @@ class DataLoader2(Generic[T]):
         self._skipped_at_start = 0
         self._attest = Attestor()  # ids, the ranks' check, what a state is bound to
         self._described = False
+        self._consumer: Consumer | None = None  # the loop iterating this epoch, if Lightning's
+        self._length: tuple[int, int] | None = None  # (epochs run, len()) once computed
         _epoch.warn_unsplit(self.reading_service)
 
     def _adapt(self, datapipe: Any) -> IterDataPipe[T]:
@@ -195,6 +198,7 @@ class DataLoader2(Generic[T]):
         finally:
             self._end_iteration()
             self._datapipe_iter = None
+            self._consumer = None
 
     def __iter__(self) -> DataLoader2Iterator[T]:
         if self._closed:
@@ -203,13 +207,33 @@ class DataLoader2(Generic[T]):
             raise RuntimeError(
                 "Please provide datapipe or use load_state_dict to load datapipe from state"
             )
+        if lightning_probe():  # Lightning checks that iter() works: no epoch starts for it
+            return DataLoader2Iterator(self, -1)
         self._close_active()
         self._is_paused = False
         if self._graph is None:
             self._graph = _epoch.make_graph(self)
         self._active = _epoch.start(self)
         self.valid_iterator_id = 0 if self.valid_iterator_id is None else self.valid_iterator_id + 1
+        self._consumer = Consumer.find(self._state)
         return DataLoader2Iterator(self, self.valid_iterator_id)
+
+    def __len__(self) -> int:
+        """Items this rank yields in an epoch, when known exactly (else ``TypeError``).
+
+        Known with a shard index (``sharding_by_index`` then one-to-one stages and at most one
+        ``batch()``, any ranks and workers) and for a graph with a length read in-process.
+        """
+        if self._length is None or self._length[0] != self._epochs_run:  # once an epoch
+            t = self.reading_service.topology()
+            n = loader_length(
+                self.datapipe, self._graph, t.ranks, t.readers_per_rank, t.distributed
+            )
+            self._length = (self._epochs_run, n)
+        return self._length[1]
+
+    def __bool__(self) -> bool:
+        return True  # a loader is true whatever its length (0.9's had none; truth never asks it)
 
     def stats(self) -> dict[str, Any]:
         """Counters of this rank so far: items yielded this epoch, what was skipped, fullsync.
@@ -242,7 +266,15 @@ class DataLoader2(Generic[T]):
         ``serialized_datapipe``: the pickled graph with ``graph=True`` (what
         :meth:`from_state` and a loader made with ``datapipe=None`` need), else ``None``, so
         the state stays small and JSON-compatible.
+
+        While PyTorch Lightning's fit loop iterates the loader, the state is that after the last
+        batch Lightning passed on to a step (it fetches one ahead), and a checkpoint holds every
+        rank's (``dataloader2/_consumers.py``).
         """
+        state = self._state(graph=graph)
+        return state if self._consumer is None else self._consumer.state(state)
+
+    def _state(self, *, graph: bool = False) -> dict[str, Any]:
         if graph and self._serialized is None and self.datapipe is not None:
             self._serialized = _serialize(self.datapipe)
         skipped = _epoch.skipped_total(self.reading_service) if self._active is not None else 0
@@ -283,7 +315,8 @@ class DataLoader2(Generic[T]):
                 another number of ranks or workers and the graph cannot resume by seeking (it
                 needs ``sharding_by_index``, see docs/checkpointing.md), naming why.
         """
-        _checkpoint.load_dict(self, state_dict, on_change)
+        # this rank's own state, of a checkpoint that holds every rank's (Lightning's)
+        _checkpoint.load_dict(self, own_state(state_dict), on_change)
 
     def shutdown(self) -> None:
         """End the current epoch, stop workers and release process groups. Idempotent."""

@@ -68,7 +68,7 @@ from shardpipes.datapipes.iter.sync import (
     gloo_group,
     settled,
 )
-from shardpipes.errors import ShardingWarning, WorkerError
+from shardpipes.errors import AttestationError, ShardingWarning, WorkerError
 from shardpipes.handlers import SkipStats
 from shardpipes.plan.epoch import EpochPlan
 
@@ -566,7 +566,9 @@ class DistributedReadingService(ReadingServiceInterface):
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialised, with the fix.
-        WorkerError: Another rank died, failed or disagreed on the seed.
+        AttestationError: The ranks disagree on the seed or epoch (``fault="out-of-step"``; an
+            ``AttestationError`` is a ``WorkerError``).
+        WorkerError: Another rank died or failed.
     """
 
     def __init__(
@@ -665,11 +667,15 @@ class DistributedReadingService(ReadingServiceInterface):
         )
         hi_seed, neg_lo_seed, hi_epoch, neg_lo_epoch = (int(v) for v in t.tolist())
         if hi_seed != -neg_lo_seed or hi_epoch != -neg_lo_epoch:
-            raise WorkerError(
-                f"rank {self._rank}: the ranks disagree on the loader seed or epoch (this rank: "
+            # The fault the ranks' check (``_attest.py``) names for ranks in other seeds or
+            # epochs; an AttestationError is a WorkerError, so code catching either sees it.
+            raise AttestationError(
+                f"rank {self._rank}: epoch {values[1]}: out-of-step: the ranks disagree on the "
+                f"loader seed or epoch (this rank: "
                 f"seed {values[0]}, epoch {values[1]}; seeds across ranks {-neg_lo_seed}..{hi_seed}, "
                 f"epochs {-neg_lo_epoch}..{hi_epoch}); call dl.seed() with the same value on every "
-                "rank and iterate the same number of epochs"
+                "rank and iterate the same number of epochs",
+                fault="out-of-step",
             )
         rank_generator = _child(seed_generator, self._rank)
         if self._datapipe is not None:

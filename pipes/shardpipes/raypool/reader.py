@@ -20,9 +20,9 @@ from typing import Any
 
 from torch.utils.data import IterDataPipe
 
-from shardpipes.dataloader2.workers.graph_copy import copy_graph
 from shardpipes.dataloader2.graph import apply_epoch_plan, resume_shape
 from shardpipes.dataloader2.utils.dispatch import shard_for_worker
+from shardpipes.dataloader2.workers.graph_copy import copy_graph
 from shardpipes.plan.epoch import EpochPlan
 from shardpipes.plan.resume import Segment
 
