@@ -39,6 +39,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)  # a name of 0.9's module, which 0.9 code imports
 
 
 def _serialize(datapipe: Any) -> bytes | None:
