@@ -13,6 +13,12 @@ shards between the Ray workers and makes them yield the same number of batches p
 On a real cluster, put the shards where every node sees them (``s3://...``, a shared file
 system) and pass ``--data`` (a folder) or change ``pattern``; connect with
 ``ray.init(address="auto")`` instead of starting a local instance.
+
+With ``--ray-readers N`` the readers leave the trainers: each rank's ``--workers`` logical
+readers run on a pool of N Ray reader actors (``RayReadingService``,
+docs/disaggregated-reading.md), and the batches are those the worker processes would have made.
+The graph then reads with a shard index (``sharding_by_index``), built once here. On a cluster,
+give ``reader_options`` a resource only the CPU nodes have, so readers run there.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from shardpipes.dataloader2 import (
     SequentialReadingService,
 )
 from shardpipes.datapipes.iter import IterableWrapper
+from shardpipes.index import build_index, default_index_url
+from shardpipes.raypool import RayReadingService
 from shardpipes.synthetic import write_synthetic
 
 FEATURES = 32
@@ -47,13 +55,11 @@ def to_tensors(sample: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.tensor(sample[".cls"])
 
 
-def build_pipeline(pattern: str, batch_size: int) -> Any:
-    """Shards -> ``[features, labels]`` batches, made in the worker processes."""
+def build_pipeline(pattern: str, batch_size: int, *, indexed: bool = False) -> Any:
+    """Shards -> ``[features, labels]`` batches, made in the worker processes (or reader actors)."""
+    shards = IterableWrapper([pattern]).shard_expand().shuffle()
     return (
-        IterableWrapper([pattern])
-        .shard_expand()
-        .shuffle()
-        .sharding_filter()
+        (shards.sharding_by_index() if indexed else shards.sharding_filter())
         .open_files_by_fsspec(mode="rb")
         .load_from_tar()
         .webdataset()
@@ -83,11 +89,21 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         net.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         start_epoch = state["epoch"] + 1
+    readers: Any = MultiProcessingReadingService(num_workers=config["workers"])
+    if config["ray_readers"]:  # the same logical readers, on a pool of Ray actors
+        readers = RayReadingService(
+            config["workers"],
+            pool="shardpipes-example",
+            readers=config["ray_readers"],
+            reader_options={"num_cpus": 0.5},
+        )
     rs = SequentialReadingService(
         DistributedReadingService(),  # the process group Ray started
-        MultiProcessingReadingService(num_workers=config["workers"]),
+        readers,
     )
-    graph = build_pipeline(config["pattern"], config["batch_size"])
+    graph = build_pipeline(
+        config["pattern"], config["batch_size"], indexed=bool(config["ray_readers"])
+    )
     with DataLoader2(graph, reading_service=rs) as dl:
         for epoch in range(start_epoch, config["epochs"]):
             dl.seed(epoch)  # the same on every worker; a new order each epoch
@@ -137,6 +153,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="samples in the first shard; shard i has SAMPLES + 7*i (default: 60)",
     )
     p.add_argument("--batch-size", type=int, default=16, help="batch size (default: 16)")
+    p.add_argument(
+        "--ray-readers",
+        type=int,
+        default=0,
+        help="run each rank's --workers readers on a pool of this many Ray reader actors "
+        "(RayReadingService; default: 0, worker processes)",
+    )
     return p.parse_args(argv)
 
 
@@ -172,9 +195,14 @@ def main(args: argparse.Namespace) -> int:
             write_synthetic(folder, shards=args.shards, samples=counts)
         n = len(glob.glob(os.path.join(folder, "train-*.tar")))
         pattern = f"{os.path.abspath(folder)}/train-{{000000..{n - 1:06d}}}.tar"
+        if args.ray_readers:  # the readers seek: they need the shard index
+            paths = sorted(glob.glob(os.path.join(os.path.abspath(folder), "train-*.tar")))
+            if not os.path.exists(default_index_url(paths)):
+                build_index(paths, progress=False).save(default_index_url(paths))
 
         # 4 logical CPUs: the 2 train workers and Ray's controller fit on a 2-core machine.
-        ray.init(num_cpus=4, include_dashboard=False)
+        # (and half a CPU per reader actor)
+        ray.init(num_cpus=4 + (args.ray_readers + 1) // 2, include_dashboard=False)
         try:
             trainer = TorchTrainer(
                 train_loop_per_worker,
@@ -183,6 +211,7 @@ def main(args: argparse.Namespace) -> int:
                     "epochs": args.epochs,
                     "workers": args.workers,
                     "batch_size": args.batch_size,
+                    "ray_readers": args.ray_readers,
                 },
                 scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
                 run_config=RunConfig(

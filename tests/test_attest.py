@@ -14,7 +14,7 @@ from shardpipes.cli import main
 from shardpipes.dataloader2 import DataLoader2, DistributedReadingService
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
-from shardpipes.errors import AttestationError, StateMismatchError
+from shardpipes.errors import AttestationError, StateMismatchError, WorkerError
 from shardpipes.index import ShardIndex, build_index, default_index_url
 from shardpipes.plan.mixture import Mixture
 from shardpipes.storage.ranges import ShardRange
@@ -498,3 +498,25 @@ def test_verify_reports_each_source_of_a_mixture(two_sources, tmp_path, capsys, 
     assert (
         f"source b: expected 18, read {18 * runs}, duplicated {18 * (runs - 1)}, missing 0" in out
     )
+
+
+def rank_seeded_by_rank(rank, world):
+    with DataLoader2(
+        IterableWrapper(range(8)).sharding_filter(),
+        reading_service=DistributedReadingService(timeout=60),
+    ) as dl:
+        dl.seed(rank)  # the bug: a seed that differs between ranks
+        try:
+            return ("ok", list(dl))
+        except AttestationError as exc:  # the kind of error every other fault of the check is
+            return (exc.fault, isinstance(exc, WorkerError), str(exc))
+
+
+@pytest.mark.distributed
+def test_ranks_seeded_differently_raise_an_attestation_error():
+    """Issue 41: one kind of error per fault; still a WorkerError for code that catches that."""
+    got = run_ranks(rank_seeded_by_rank, 2)
+    for rank, (fault, is_worker_error, text) in enumerate(got):
+        assert (fault, is_worker_error) == ("out-of-step", True)
+        assert text.startswith(f"rank {rank}: epoch 0: out-of-step: the ranks disagree on the")
+        assert "seeds across ranks 0..1" in text

@@ -365,3 +365,17 @@ def test_ray_train_workers_run_equal_batches(tmp_path):
         )
         assert m, line
         assert m[1] == m[2] and int(m[1]) > 0, line
+
+
+@pytest.mark.heavy
+@pytest.mark.timeout(2 * TIMEOUT)
+def test_ray_train_with_readers_on_a_ray_pool_runs_equal_batches(tmp_path):
+    require("ray")
+    require("ray.train")
+    flags = ["--epochs", "2", "--shards", "3", "--samples", "20", "--workers", "2"]
+    out = run_example(python("ray_train.py", *flags, "--ray-readers", "2"), tmp_path)
+    lines = [ln for ln in out.splitlines() if ln.startswith("epoch ")]
+    assert len(lines) == 2, out
+    for line in lines:  # every rank the same number of batches, each epoch
+        m = re.match(r"^epoch \d: rank 0: (\d+) batches, .*, rank 1: (\d+) batches, ", line)
+        assert m and m[1] == m[2] and int(m[1]) > 0, line

@@ -13,6 +13,10 @@ with a policy, and checks:
 - the same items for the same seed;
 - exact resume from a state taken at a random point of the epoch.
 
+Half of the cases (those with an even seed, ids ending ``-user``) put a stage written as
+``docs/writing-a-stage.md`` shows right after ``webdataset()``, declaring its traits: the loader
+must treat it as it treats its own stages, in every one of these checks.
+
 Mixtures (``mix()`` of two indexed sources, each read once per epoch) run through the same
 checks (``test_guarantees_mixture``); their elastic resumes are in ``tests/test_mixing.py``.
 
@@ -44,6 +48,7 @@ from shardpipes.dataloader2 import (
     SequentialReadingService,
 )
 from shardpipes.datapipes.iter import IterableWrapper
+from shardpipes.datapipes.iter.base import StageIterDataPipe
 from shardpipes.index import build_index
 from shardpipes.synthetic import write_synthetic
 
@@ -82,7 +87,13 @@ class Case:
     @property
     def id(self) -> str:
         opts = "+".join(sorted(self.options)) or "plain"
-        return f"{self.sharding}-{self.loader}-{self.transport}-{self.policy}-{opts}"
+        user = "-user" if self.user_stage else ""
+        return f"{self.sharding}-{self.loader}-{self.transport}-{self.policy}-{opts}{user}"
+
+    @property
+    def user_stage(self) -> bool:
+        """Whether the graph has a user's declared stage after ``webdataset()`` (half the cases)."""
+        return self.seed % 2 == 0
 
     @property
     def ranks(self) -> int:
@@ -178,17 +189,30 @@ def keep(i: int) -> bool:
 KEPT = {i for i in range(TOTAL) if keep(i)}
 
 
+class UserStage(StageIterDataPipe[Any]):
+    """A stage of the user's (docs/writing-a-stage.md) that declares what it is; passes samples on."""
+
+    one_to_one = True
+    carries_ids = "in_step"
+
+    def __init__(self, source_datapipe: Any) -> None:
+        self.source_datapipe = source_datapipe
+
+    def __iter__(self) -> Any:
+        yield from self.source_datapipe
+
+
+def _read(case: Case, dp: Any, so: Any) -> Any:
+    dp = dp.open_files_by_fsspec(storage_options=so, timeout=30).load_from_tar().webdataset()
+    return UserStage(dp) if case.user_stage else dp
+
+
 def _mix_source(case: Case, env: dict[str, Any], urls: list[str]) -> Any:
     dp = IterableWrapper(urls)
     if "shard_shuffle" in case.options:
         dp = dp.shuffle()
     dp = dp.sharding_by_index(env["index"].select(urls), storage_options=env["so"])
-    return (
-        dp.open_files_by_fsspec(storage_options=env["so"], timeout=30)
-        .load_from_tar()
-        .webdataset()
-        .map(sample_id)
-    )
+    return _read(case, dp, env["so"]).map(sample_id)
 
 
 def graph(case: Case, env: dict[str, Any]) -> Any:
@@ -206,7 +230,7 @@ def graph(case: Case, env: dict[str, Any]) -> Any:
         dp = dp.sharding_by_index(env["index"], policy=case.policy, storage_options=so)
     if "cache" in o:
         dp = dp.on_disk_cache(env["cache"], storage_options=so, timeout=30)
-    dp = dp.open_files_by_fsspec(storage_options=so, timeout=30).load_from_tar().webdataset()
+    dp = _read(case, dp, so)
     if case.sharding == "samples":
         dp = dp.sharding_filter()
     dp = dp.threadpool_map(sample_id, max_workers=2) if "threadpool" in o else dp.map(sample_id)

@@ -13,6 +13,8 @@ import hashlib
 import importlib
 import io
 import json
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 from unittest import mock
@@ -21,9 +23,13 @@ import pytest
 
 from shardpipes.datapipes.iter import IterableWrapper
 
-TREE = json.loads((Path(__file__).parent / "conformance" / "torchdata09-surface.json").read_text())[
-    "tree"
-]
+SURFACE = json.loads(
+    (Path(__file__).parent / "conformance" / "torchdata09-surface.json").read_text()
+)
+TREE = SURFACE["tree"]
+#: Each 0.9 package -> its submodules that were its attributes once it was imported (found from
+#: 0.9's import statements by make_torchdata09_surface.py).
+ATTRIBUTES = SURFACE["attributes"]
 
 
 def test_the_tree_is_the_whole_of_09s():
@@ -46,6 +52,59 @@ def test_module_imports_with_its_09_names(module):
     ours = importlib.import_module("shardpipes" + module[len("torchdata") :])
     missing = [name for name in TREE[module] if not hasattr(ours, name)]
     assert missing == []
+
+
+def test_the_attribute_sweep_covers_09s_packages():
+    assert set(ATTRIBUTES) >= {
+        "torchdata",
+        "torchdata.datapipes",
+        "torchdata.datapipes.iter",
+        "torchdata.datapipes.iter.util",
+        "torchdata.datapipes.iter.load",
+        "torchdata.datapipes.iter.transform",
+        "torchdata.datapipes.map.util",
+        "torchdata.datapipes.utils",
+        "torchdata.dataloader2",
+    }
+    assert "webdataset" in ATTRIBUTES["torchdata.datapipes.iter.util"]
+    assert "janitor" not in ATTRIBUTES["torchdata.datapipes.utils"]  # 0.9 rebinds it: a function
+    assert sum(map(len, ATTRIBUTES.values())) >= 70
+
+
+_SWEEP = """
+import importlib, json, sys
+import shardpipes
+assert "torch" not in sys.modules  # the package root stays light
+wrong = []
+for parent, children in json.loads(sys.argv[1]).items():
+    for child in children:
+        obj = shardpipes
+        for part in (parent.split(".")[1:] + [child]):  # attribute by attribute, as user code reads
+            obj = getattr(obj, part, None)
+        name = "shardpipes" + parent[len("torchdata"):] + "." + child
+        if obj is None or obj is not importlib.import_module(name):
+            wrong.append(name)
+print(json.dumps(wrong))
+"""
+
+
+def test_every_09_submodule_attribute_is_one_here_after_a_plain_import():
+    # A fresh interpreter: only `import shardpipes`, then every path walked by attribute.
+    run = subprocess.run(
+        [sys.executable, "-c", _SWEEP, json.dumps(ATTRIBUTES)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == []
+
+
+@pytest.mark.parametrize("package", sorted(ATTRIBUTES), ids=sorted(ATTRIBUTES))
+def test_a_package_lists_its_09_submodules_and_nothing_else(package):
+    ours = importlib.import_module("shardpipes" + package[len("torchdata") :])
+    assert set(ATTRIBUTES[package]) <= set(dir(ours))
+    assert not hasattr(ours, "no_such_submodule")
 
 
 def test_stage_classes_at_09_paths_are_the_package_classes():
@@ -142,3 +201,17 @@ def test_replacing_webdataset_pathsplit_changes_how_members_group(tmp_path):
         got = [(s["__key__"], _fields(s)) for s in dp]
     assert got == [("img.v1", [".json", ".png"]), ("img.v2", [".png"])]
     assert wds09.pathsplit("a\\b.c.d") == ("a/b", ".c.d")  # 0.9's own rule, back again
+
+
+def test_a_patch_through_the_attribute_path_changes_the_stage(tmp_path, monkeypatch):
+    # A Lightning data module written for 0.9: `import torchdata`, then
+    # `torchdata.datapipes.iter.util.webdataset.pathsplit = patched` (issue 41).
+    import shardpipes
+
+    url = _tar(tmp_path / "a.tar", ["img.v1.png", "img.v1.json"])
+    dp = IterableWrapper([url]).open_files_by_fsspec(mode="rb").load_from_tar().webdataset()
+    module = shardpipes.datapipes.iter.util.webdataset
+    monkeypatch.setattr(module, "pathsplit", _split_at_last_dot)
+    assert [s["__key__"] for s in dp] == ["img.v1"]
+    monkeypatch.undo()
+    assert [s["__key__"] for s in dp] == ["img"]

@@ -5,14 +5,14 @@ Import the stages from :mod:`shardpipes.datapipes.iter` and the loader from
 (``.load_from_tar()``, ``.webdataset()``, ...) on torch's ``IterDataPipe``.
 
 Importing ``shardpipes`` (or its bottom layer, :mod:`shardpipes.plan`) loads neither torch nor
-the stages: ``shardpipes.datapipes`` is imported on first use of the attribute (as torchdata
-0.9 code writes ``torchdata.datapipes.iter...`` after ``import torchdata``).
+the stages: ``shardpipes.datapipes`` and ``shardpipes.dataloader2`` are imported on first use
+of the attribute (as torchdata 0.9 code writes ``torchdata.datapipes.iter...`` after
+``import torchdata``).
 """
 
-import importlib
 from importlib.metadata import PackageNotFoundError, version
-from types import ModuleType
 
+from shardpipes._submodules import submodule_attributes
 from shardpipes.errors import (
     DecodeError,
     SampleFormatError,
@@ -33,12 +33,10 @@ __all__ = [
     "ShardReadError",
     "ShardpipesError",
     "__version__",
+    "dataloader2",
     "datapipes",
 ]
 
-
-def __getattr__(name: str) -> ModuleType:
-    # PEP 562: the one lazy attribute, so that the plan and the errors import without torch.
-    if name == "datapipes":
-        return importlib.import_module("shardpipes.datapipes")
-    raise AttributeError(f"module 'shardpipes' has no attribute {name!r}")
+# PEP 562: the stages and the loader import on first use, so that the plan and the errors import
+# without torch (0.9's package was lazy at the top too).
+__getattr__, __dir__ = submodule_attributes(__name__, ("dataloader2", "datapipes"))

@@ -16,6 +16,10 @@ and each rank takes its own back (any rank's state when the number of ranks chan
 loader's elastic resume then redistributes the rest of the epoch).
 
 It imports nothing from Lightning: the wrapper is what Lightning sees as the loader.
+
+A ``DataLoader2`` handed to Lightning as it is does the same by itself (its ``len()`` where it
+knows one; otherwise it finds Lightning's fetcher and how many batches it holds ahead:
+``dataloader2/_consumers.py``). This wrapper stays for code that marks the steps explicitly.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ Run by hand when the reference changes (it never imports torchdata; it parses 0.
     python tests/conformance/make_torchdata09_surface.py /work/.mirror/pytorch+data/repo [v0.9.0]
 
 The first argument is a git directory of pytorch/data (``fetch github:pytorch/data``), the second
-the tag. tests/test_torchdata09_surface.py checks shardpipes against the file this writes.
+the tag. tests/test_torchdata09_surface.py checks shardpipes against the file this writes, and
+tests/test_torchdata09_modules.py its ``tree`` (every module) and ``attributes`` (each package's
+submodules that importing the package made its attributes in 0.9).
 """
 
 from __future__ import annotations
@@ -59,6 +61,114 @@ def _tree_names(tree: ast.Module) -> list[str]:
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             defined.append(node.target.id)
     return sorted({n for n in defined if not n.startswith("_")})
+
+
+def _module_of(files: set[str], module: str) -> str | None:
+    """The file of a torchdata module, or None when ``module`` is not one (a name in a module)."""
+    base = module.replace(".", "/")
+    for f in (f"{base}/__init__.py", f"{base}.py"):
+        if f in files:
+            return f
+    return None
+
+
+def _top_level(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The statements that run on import: module level, inside ``if``/``try``/``with`` too."""
+    out: list[ast.stmt] = []
+    for node in body:
+        out.append(node)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue  # a body that runs when called, not on import
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            inner = getattr(node, field, None)
+            if isinstance(inner, list):
+                for item in inner:
+                    out.extend(
+                        _top_level(item.body if isinstance(item, ast.ExceptHandler) else [item])
+                    )
+    return out
+
+
+def _attributes(files: set[str], trees: dict[str, ast.Module]) -> dict[str, list[str]]:
+    """Each module's submodules that are its attributes once the module is imported (statically).
+
+    Importing a module first imports its parents; each import statement run at module level
+    loads the modules it names (and, for ``from X import n``, ``X.n`` when that is a module);
+    loading ``P.C`` binds ``C`` in ``P`` unless ``P`` binds the name to something else (0.9's
+    ``datapipes.utils.janitor`` is the function). ``torchdata``'s own ``__getattr__`` imports any
+    child on first use, so its children count as attributes.
+    """
+
+    def source(module: str, node: ast.ImportFrom) -> str:
+        # The absolute name of the module a ``from ... import`` statement in ``module`` reads.
+        if not node.level:
+            return node.module or ""
+        path = _module_of(files, module) or ""
+        parts = module.split(".")
+        parts = parts[: len(parts) - node.level + path.endswith("__init__.py")]
+        return ".".join(parts + ([node.module] if node.module else []))
+
+    def imports(module: str) -> list[str]:
+        path = _module_of(files, module)
+        out: list[str] = []
+        for node in _top_level(trees[path].body) if path else []:
+            if isinstance(node, ast.Import):
+                out.extend(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = source(module, node)
+                out.append(base)
+                out.extend(
+                    f"{base}.{a.name}" for a in node.names if _module_of(files, f"{base}.{a.name}")
+                )
+        return [m for m in out if m.split(".")[0] == "torchdata" and _module_of(files, m)]
+
+    def rebound(package: str) -> set[str]:
+        path = _module_of(files, package)
+        names: set[str] = set()
+        for node in _top_level(trees[path].body) if path else []:
+            if isinstance(node, ast.ImportFrom):
+                base = source(package, node)
+                names |= {
+                    a.asname or a.name
+                    for a in node.names
+                    if not _module_of(files, f"{base}.{a.name}")
+                }
+            elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Assign):
+                names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        return names
+
+    def load(module: str, loaded: set[str]) -> None:
+        if module in loaded:
+            return
+        if "." in module:
+            load(module.rsplit(".", 1)[0], loaded)
+        loaded.add(module)
+        for m in imports(module):
+            for i in range(m.count(".") + 1):
+                load(".".join(m.split(".")[: i + 1]), loaded)
+
+    packages = sorted(
+        f[: -len("/__init__.py")].replace("/", ".")
+        for f in files
+        if f.endswith("/__init__.py") and f.startswith(TREES)
+    )
+    out: dict[str, list[str]] = {"torchdata": ["dataloader2", "datapipes"]}
+    for package in packages:
+        if any(part.startswith("_") for part in package.split(".")) or "protobuf" in package:
+            continue
+        loaded: set[str] = set()
+        load(package, loaded)
+        children = sorted(
+            m.rsplit(".", 1)[1]
+            for m in loaded
+            if m.rsplit(".", 1)[0] == package and not m.rsplit(".", 1)[1].startswith("_")
+        )
+        children = [c for c in children if c not in rebound(package)]
+        if children:
+            out[package] = children
+    return out
 
 
 def _params(fn: ast.FunctionDef, skip_self: bool) -> list[dict[str, object]]:
@@ -158,6 +268,7 @@ def main(gitdir: str, tag: str = "v0.9.0") -> None:
         "modules": modules,
         "functional": {k: sorted(set(v)) for k, v in functional.items()},
         "tree": tree_modules,
+        "attributes": _attributes(files, trees),
     }
     path = Path(__file__).with_name("torchdata09-surface.json")
     path.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")

@@ -7,6 +7,7 @@ With 0.9's submodules: ``adapter`` (``Shuffle``, ``CacheTimeout``), ``graph`` (`
 
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES  # noqa: F401
 
+from shardpipes._submodules import submodule_attributes
 from shardpipes.dataloader2 import adapter, graph, random, utils
 from shardpipes.dataloader2.dataloader2 import DataLoader2, DataLoader2Iterator
 from shardpipes.dataloader2.error import PauseIteration
@@ -42,3 +43,20 @@ __all__ = [
     "random",
     "utils",
 ]
+
+# torchdata 0.9's submodules of this package, attributes once it is imported (0.9 imported
+# them eagerly): imported on first use here (tests/test_torchdata09_modules.py sweeps them).
+__getattr__, __dir__ = submodule_attributes(
+    __name__,
+    (
+        "adapter",
+        "communication",
+        "dataloader2",
+        "error",
+        "graph",
+        "random",
+        "reading_service",
+        "shuffle_spec",
+        "utils",
+    ),
+)

@@ -5,28 +5,27 @@ from __future__ import annotations
 from typing import Any
 
 from torch.utils.data import IterDataPipe
-from torch.utils.data.datapipes.iter import Shuffler
-from torch.utils.data.datapipes.iter.sharding import _ShardingIterDataPipe
 from torch.utils.data.graph import DataPipeGraph, traverse_dps
 
-from shardpipes.datapipes.iter._lean import LeanShufflerIterDataPipe
+from shardpipes.datapipes.iter.base import traits_of
 
 __all__ = ["_check_shuffle_before_sharding"]
 
 
 def _every_path_shuffled(graph: DataPipeGraph) -> bool:
-    # True when every path from here down to a source passes a shuffle stage.
+    # True when every path from here down to a source passes a shuffle stage (a buffered
+    # shuffle: trait seeks="buffer", which torch's shuffle takes from its lean stand-in).
     if not graph:
         return False  # a source reached with no shuffle on the way
     return all(
-        isinstance(dp, Shuffler | LeanShufflerIterDataPipe) or _every_path_shuffled(sources)
+        traits_of(dp).seeks == "buffer" or _every_path_shuffled(sources)
         for dp, sources in graph.values()
     )
 
 
 def _sharding_shuffled(graph: DataPipeGraph) -> bool:
     return all(
-        (not isinstance(dp, _ShardingIterDataPipe) or _every_path_shuffled(sources))
+        (not traits_of(dp).sharding or _every_path_shuffled(sources))
         and _sharding_shuffled(sources)
         for dp, sources in graph.values()
     )

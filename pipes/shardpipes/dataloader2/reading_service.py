@@ -14,6 +14,12 @@ protocol, minus its ``__del__``):
   a function ``datapipe -> datapipe`` that ``DataLoader2`` applies to the graph.
 - ``finalize_iteration()``: after each epoch ends, is left with ``break``, or fails.
 - ``finalize()``: once, from ``DataLoader2.shutdown()``.
+
+A service also says what it is (:mod:`shardpipes.dataloader2.protocol`): its ``topology()``
+(ranks, readers per rank, their numbering), ``share_seed()``, the ``collectives()`` the loader's
+checks run on, its ``parts()`` and whether it is ``checkpointable``. The loader asks these and
+never which class a service is, so a service written elsewhere works as the built-in ones do
+(docs/reading-services.md).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import logging
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, ClassVar, TypeAlias, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -44,6 +50,7 @@ from shardpipes.dataloader2._stats import (
 )
 from shardpipes.dataloader2.graph import apply_epoch_plan, has_sharding, stages_of
 from shardpipes.dataloader2.graph.utils import _swap_in
+from shardpipes.dataloader2.protocol import Collectives, Topology
 from shardpipes.dataloader2.random.distributed import dist_share_seed
 from shardpipes.dataloader2.random.seed_generator import SeedGenerator, as_plan, facade
 from shardpipes.dataloader2.telemetry.recorder import Telemetry
@@ -62,7 +69,7 @@ from shardpipes.datapipes.iter.sync import (
     gloo_group,
     settled,
 )
-from shardpipes.errors import ShardingWarning, WorkerError
+from shardpipes.errors import AttestationError, ShardingWarning, WorkerError
 from shardpipes.handlers import SkipStats
 from shardpipes.plan.epoch import EpochPlan
 
@@ -111,7 +118,14 @@ def handed(
 
 
 class ReadingServiceInterface(ABC):
-    """Base class of reading services; see the module docstring for when each method is called."""
+    """Base class of reading services; see the module docstring for when each method is called.
+
+    The defaults describe a service that runs the graph in the calling process, on one rank:
+    override ``topology()``, ``share_seed()`` and ``collectives()`` when yours does otherwise.
+    """
+
+    #: Whether ``checkpoint()``/``restore()`` exist (``CheckpointableReadingServiceInterface``).
+    checkpointable: ClassVar[bool] = False
 
     @abstractmethod
     def initialize(self, datapipe: IterDataPipe[Any]) -> IterDataPipe[Any]:
@@ -138,6 +152,22 @@ class ReadingServiceInterface(ABC):
         """Totals of the dropping stages this service runs, and its graph's source; ``None`` if none."""
         return None
 
+    def topology(self) -> Topology:
+        """Ranks, readers per rank and their numbering. Default: one rank, read in this process."""
+        return Topology()
+
+    def share_seed(self, seed: int) -> int:
+        """The seed all ranks use for an epoch whose seed each drew (rank 0's). Default: ``seed``."""
+        return seed
+
+    def collectives(self) -> Collectives | None:
+        """The process group of the loader's checks across ranks; ``None`` (default) with one rank."""
+        return None
+
+    def parts(self) -> tuple[ReadingServiceInterface, ...]:
+        """The services this one is made of, outermost first. Default: itself."""
+        return (self,)
+
     def watch(self, telemetry: Telemetry) -> None:  # noqa: B027 - optional hook
         """Report the figures of the stages this service runs in other processes to ``telemetry``.
 
@@ -152,6 +182,8 @@ class CheckpointableReadingServiceInterface(ReadingServiceInterface):
     ``DataLoader2.state_dict()`` stores ``checkpoint()`` under ``"reading_service_state"``;
     a loader given that state calls ``restore(datapipe, state)`` in place of ``initialize``.
     """
+
+    checkpointable: ClassVar[bool] = True
 
     @abstractmethod
     def checkpoint(self) -> bytes:
@@ -393,6 +425,10 @@ class MultiProcessingReadingService(ReadingServiceInterface):
             self._slot.write(plan)
         return seed_generator
 
+    def topology(self) -> Topology:
+        """One rank; ``num_workers`` readers (``0``: the graph runs in this process)."""
+        return Topology(readers_per_rank=self.num_workers)
+
     def _make_loader(self) -> Any:
         from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -551,7 +587,9 @@ class DistributedReadingService(ReadingServiceInterface):
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialised, with the fix.
-        WorkerError: Another rank died, failed or disagreed on the seed.
+        AttestationError: The ranks disagree on the seed or epoch (``fault="out-of-step"``; an
+            ``AttestationError`` is a ``WorkerError``).
+        WorkerError: Another rank died or failed.
     """
 
     def __init__(
@@ -619,7 +657,21 @@ class DistributedReadingService(ReadingServiceInterface):
 
     def share_seed(self, seed: int) -> int:
         """Rank 0's ``seed`` on every rank (for a seed drawn from each rank's own generator)."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return seed  # one process: its own draw
         return dist_share_seed(seed, self._group)
+
+    def topology(self) -> Topology:
+        """The ranks of ``torch.distributed`` (one when it is not initialised), split by rank."""
+        if dist.is_available() and dist.is_initialized():
+            return Topology(dist.get_world_size(), 0, True, dist.get_rank())
+        return Topology(distributed=True)
+
+    def collectives(self) -> Collectives | None:
+        """This service's gloo group (made by ``initialize``), ``None`` before it or without ranks."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        return Collectives(self._group, self.timeout)
 
     @takes_plan
     def initialize_iteration(
@@ -636,11 +688,15 @@ class DistributedReadingService(ReadingServiceInterface):
         )
         hi_seed, neg_lo_seed, hi_epoch, neg_lo_epoch = (int(v) for v in t.tolist())
         if hi_seed != -neg_lo_seed or hi_epoch != -neg_lo_epoch:
-            raise WorkerError(
-                f"rank {self._rank}: the ranks disagree on the loader seed or epoch (this rank: "
+            # The fault the ranks' check (``_attest.py``) names for ranks in other seeds or
+            # epochs; an AttestationError is a WorkerError, so code catching either sees it.
+            raise AttestationError(
+                f"rank {self._rank}: epoch {values[1]}: out-of-step: the ranks disagree on the "
+                f"loader seed or epoch (this rank: "
                 f"seed {values[0]}, epoch {values[1]}; seeds across ranks {-neg_lo_seed}..{hi_seed}, "
                 f"epochs {-neg_lo_epoch}..{hi_epoch}); call dl.seed() with the same value on every "
-                "rank and iterate the same number of epochs"
+                "rank and iterate the same number of epochs",
+                fault="out-of-step",
             )
         rank_generator = _child(seed_generator, self._rank)
         if self._datapipe is not None:
@@ -706,6 +762,37 @@ class SequentialReadingService(ReadingServiceInterface):
             return datapipe
 
         return reset
+
+    def parts(self) -> tuple[ReadingServiceInterface, ...]:
+        """The parts of each service, in order."""
+        return tuple(p for rs in self.reading_services for p in rs.parts())
+
+    def topology(self) -> Topology:
+        """The parts' answers composed: ranks from the one that splits by rank, readers from the others."""
+        found = [rs.topology() for rs in self.reading_services]
+        ranked = next((t for t in found if t.distributed or t.ranks > 1), Topology())
+        numbering = {t.numbering for t in found}
+        if len(numbering) > 1:
+            raise ValueError(f"the parts of this service number readers differently: {numbering}")
+        return Topology(
+            ranked.ranks,
+            max(t.readers_per_rank for t in found),
+            any(t.distributed for t in found),
+            ranked.rank,
+            numbering.pop(),
+        )
+
+    def share_seed(self, seed: int) -> int:
+        """The seed passed through each part in order."""
+        for rs in self.reading_services:
+            seed = rs.share_seed(seed)
+        return seed
+
+    def collectives(self) -> Collectives | None:
+        """The first part's collectives that has some."""
+        return next(
+            (c for rs in self.reading_services if (c := rs.collectives()) is not None), None
+        )
 
     def skipped(self) -> SkipStats | None:
         """Skip counters from the innermost service that runs stages."""

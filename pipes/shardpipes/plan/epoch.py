@@ -35,6 +35,10 @@ class EpochPlan:
     #: For an epoch resumed from a loader state with a shard index: its stretches so far
     #: (``shardpipes.plan.resume``); empty otherwise.
     resume: tuple[Segment, ...] = ()
+    #: The reader starts after its own first ``after`` items of this run (a reader moved to
+    #: another process, :func:`shardpipes.plan.resume.lease_start`); ``0`` otherwise. Needs
+    #: ``resume`` (a run from the start has one segment with nothing consumed). Not spawned.
+    after: int = 0
 
     def spawn(self, index: int) -> EpochPlan:
         """Return the plan of child ``index`` (a rank, then a worker)."""
@@ -80,7 +84,7 @@ class Resume:
 
     ``segments``: the stretches of the epoch so far (the last is the one being resumed);
     ``shape``: what the graph does after the sharder; ``seed``/``epoch``: the loader's, for the
-    readers' shuffle seeds.
+    readers' shuffle seeds; ``after``: the reader's own items of this run it starts after.
 
     The reader's part needs the epoch's sample count, which only ``sharding_by_index`` learns
     (from the shard URLs and the index). It calls :meth:`plan_reader` once it knows; the sample
@@ -92,6 +96,7 @@ class Resume:
     shape: Shape
     seed: int
     epoch: int
+    after: int = 0
     _reader: ReaderPlan | None = field(default=None, repr=False)
 
     def reader_seed(self, path: tuple[int, ...]) -> int:
@@ -106,7 +111,7 @@ class Resume:
                 f"sharding_by_index was sharded for {readers}"
             )
         self._reader = reader_plan(
-            total, policy, self.segments, reader, self.shape, self.reader_seed
+            total, policy, self.segments, reader, self.shape, self.reader_seed, self.after
         )
         return self._reader
 

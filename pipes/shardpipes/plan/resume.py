@@ -37,6 +37,7 @@ __all__ = [
     "Runs",
     "Segment",
     "Shape",
+    "lease_start",
     "next_worker",
     "reader_plan",
     "segment_seed",
@@ -298,6 +299,33 @@ def next_worker(consumed: int, counts: Sequence[int]) -> int:
     return (served[-1] + 1) % len(counts) if served else 0
 
 
+def lease_start(
+    consumed: int, counts: Sequence[int], worker: int, after: int = 0
+) -> tuple[int, int]:
+    """Logical reader ``worker`` of a rank, after its own first ``after`` items of this run.
+
+    Returns ``(role, done)``: the part of the segment it runs (``worker`` takes over the part
+    of reader ``role`` when the run resumed a state, :func:`next_worker`) and how many items
+    of that part were yielded before it starts: those the state's ``consumed`` items took
+    from it, plus ``after``. A run's items of a logical reader are the same whoever makes
+    them, so a reader moved to another process starts there (a Ray reader under a lease).
+
+    Examples:
+        >>> lease_start(0, [3, 3], 1, after=2)
+        (1, 2)
+        >>> lease_start(5, [3, 1, 3], 0, after=1)  # worker 0 runs reader 0's part, 2 were yielded
+        (0, 3)
+    """
+    if not counts:
+        raise ValueError("lease_start needs the item counts of at least one reader")
+    if not 0 <= worker < len(counts) or after < 0:
+        raise ValueError(
+            f"worker {worker} should be in [0, {len(counts)}) and after ({after}) >= 0"
+        )
+    role = (worker + next_worker(consumed, counts)) % len(counts)
+    return role, min(worker_batches(consumed, counts)[role] + after, counts[role])
+
+
 def segment_seed(reader_seed: int, segment: int) -> int:
     """The shuffle seed of a reader in ``segment``: its epoch seed, then mixed per later segment."""
     return reader_seed if segment == 0 else derive_seed([reader_seed, segment])
@@ -448,6 +476,7 @@ def reader_plan(
     reader: int,
     shape: Shape,
     reader_seed: Callable[[tuple[int, ...]], int],
+    after: int = 0,
 ) -> ReaderPlan:
     """What ``reader`` of the last segment reads, for an epoch of ``total`` samples.
 
@@ -456,7 +485,8 @@ def reader_plan(
 
     ``reader_seed(path)`` is the epoch seed of the sample shuffle of the reader at ``path``.
     The last segment's ``consumed`` is how far its own readers got (``0`` right after an
-    elastic resume).
+    elastic resume); ``after``: the reader starts after its own first ``after`` items of this
+    run (:func:`lease_start`).
 
     Raises:
         ValueError: A segment's count is more than its readers had (another graph or data).
@@ -472,11 +502,12 @@ def reader_plan(
             workers = max(seg.num_workers, 1)
             rank, worker = divmod(reader, workers)
             mine = pieces.lengths[rank * workers : (rank + 1) * workers]
-            turn = next_worker(seg.consumed, [shape.batches(n) for n in mine])
-            role = rank * workers + (worker + turn) % workers
+            turn, done = lease_start(seg.consumed, [shape.batches(n) for n in mine], worker, after)
+            role = rank * workers + turn
+            out = shape.samples(done, pieces.lengths[role])
             seed = segment_seed(reader_seed(seg.path(role)), s)
-            buffer, rest = _unread(pieces[role], yielded[role], seed, shape)
-            return ReaderPlan(buffer.tolist(), rest, seed, yielded[role], dropped, padded)
+            buffer, rest = _unread(pieces[role], out, seed, shape)
+            return ReaderPlan(buffer.tolist(), rest, seed, out, dropped, padded)
 
         def seed_of(i: int, s: int = s, seg: Segment = seg) -> int:
             return segment_seed(reader_seed(seg.path(i)), s)

@@ -1,10 +1,12 @@
-"""Everything the loader does to a graph: rewrite it, walk it, and hand it each epoch's plan.
+"""Everything the loader does to a graph: rewrite it, ask about it, and hand it each epoch's plan.
 
 Also torchdata 0.9's ``dataloader2.graph`` (``find_dps``, ``list_dps``, ``remove_dp``,
 ``replace_dp``, ``traverse_dps``, ``set_graph_random_seed``, ... in ``utils.py`` and
 ``settings.py``).
 
-The one module that walks or rewrites a user's DataPipe graph (torch's ``traverse_dps``):
+Every question is a query on the graph's one description (:func:`describe`, built from the
+traits the stages declare, ``datapipes/iter/_description.py``); the functions here take a graph
+or a description already built, and no module keeps a list of stage classes:
 
 - :func:`lean_graph`: swap torch's ``shuffle``/``batch``/``map``/``filter`` for the lean stages
   (``datapipes/iter/_lean.py``) in the loader's deep copy;
@@ -27,19 +29,20 @@ graph, ``IterableWrapper(urls).shuffle().sharding_filter()...``, the shard-level
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter import Batcher, Filter, Mapper, Shuffler
-from torch.utils.data.datapipes.iter.sharding import _ShardingIterDataPipe
 from torch.utils.data.graph import DataPipe, DataPipeGraph, traverse_dps
-from torch.utils.data.graph_settings import get_all_graph_pipes
 
 from shardpipes.dataloader2.graph.mixing import apply_mix_plan, mixture_shape
 from shardpipes.dataloader2.graph.settings import set_datapipes_seed, set_graph_random_seed
 from shardpipes.dataloader2.graph.utils import find_dps, list_dps, remove_dp, replace_dp
-from shardpipes.datapipes.iter._index_length import exact_length_plan, source_of
+from shardpipes.datapipes.iter._description import (
+    DescribedStage,
+    GraphDescription,
+    describe,
+)
 from shardpipes.datapipes.iter._lean import (
     LeanBatcherIterDataPipe,
     LeanFilterIterDataPipe,
@@ -47,11 +50,7 @@ from shardpipes.datapipes.iter._lean import (
     LeanShufflerIterDataPipe,
 )
 from shardpipes.datapipes.iter._unhooked import torch_kind
-from shardpipes.datapipes.iter.base import in_main_process, is_resumable
-from shardpipes.datapipes.iter.cache import OnDiskCacheHolderIterDataPipe
-from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
-from shardpipes.datapipes.iter.length import FixedLengthIterDataPipe
-from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe
+from shardpipes.datapipes.iter.base import traits_of
 from shardpipes.plan.epoch import EpochPlan, Resume
 from shardpipes.plan.resume import Shape
 
@@ -60,8 +59,10 @@ __all__ = [
     "DataPipe",
     "DataPipeGraph",
     # ours
+    "GraphDescription",
     "apply_epoch_plan",
     "carries_across_epochs",
+    "describe",
     "find_dps",
     "has_sharding",
     "lean_graph",
@@ -77,43 +78,34 @@ __all__ = [
     "traverse_dps",
 ]
 
+Graph = IterDataPipe[Any] | GraphDescription
 
-def stages_of(datapipe: IterDataPipe[Any]) -> list[Any]:
+
+def _described(graph: Graph) -> GraphDescription:
+    return graph if isinstance(graph, GraphDescription) else describe(graph)
+
+
+def stages_of(datapipe: Graph) -> list[Any]:
     """Every stage of the graph that ends in ``datapipe`` (each once)."""
-    return list(get_all_graph_pipes(traverse_dps(datapipe)))
+    return _described(datapipe).stages
 
 
-def _walk(graph: DataPipeGraph) -> Iterator[tuple[Any, bool]]:
-    # graph maps id -> (datapipe, subgraph of its sources). A stage is "after sharding" when a
-    # sharding stage lies between it and the sources, i.e. somewhere in its own subgraph.
-    for dp, sources in graph.values():
-        below = has_sharding(sources)
-        yield dp, below
-        yield from _walk(sources)
+def has_sharding(graph: DataPipeGraph | GraphDescription) -> bool:
+    """Whether a sharding stage (``sharding_filter``, ``sharding_by_index``) is in ``graph``.
+
+    ``graph`` is a description, or torch's ``traverse_dps`` graph (0.9's form).
+    """
+    if isinstance(graph, GraphDescription):
+        return graph.has_sharding
+    return any(traits_of(dp).sharding or has_sharding(sources) for dp, sources in graph.values())
 
 
-def has_sharding(graph: DataPipeGraph) -> bool:
-    """Whether a sharding stage (``sharding_filter``, ``sharding_by_index``) is in ``graph``."""
-    return any(
-        isinstance(dp, _ShardingIterDataPipe) or has_sharding(sources)
-        for dp, sources in graph.values()
-    )
-
-
-def random_stages(datapipe: IterDataPipe[Any]) -> list[tuple[Any, bool]]:
+def random_stages(datapipe: Graph) -> list[tuple[Any, bool]]:
     """Return ``(stage, after_sharding)`` for every stage with ``set_seed``, in a stable order.
 
     A stage reachable along several paths (after ``fork``) is listed once.
     """
-    seen: set[int] = set()
-    out = []
-    for dp, after in _walk(traverse_dps(datapipe)):
-        if id(dp) in seen or not callable(getattr(dp, "set_seed", None)):
-            continue
-        seen.add(id(dp))
-        out.append((dp, after))
-    out.reverse()  # number from the source side
-    return out
+    return _described(datapipe).random_stages()
 
 
 def apply_epoch_plan(datapipe: IterDataPipe[Any], plan: EpochPlan) -> IterDataPipe[Any]:
@@ -123,151 +115,164 @@ def apply_epoch_plan(datapipe: IterDataPipe[Any], plan: EpochPlan) -> IterDataPi
     and the resumable stages after it (the sample shuffle, a counter) one :class:`Resume` value
     (they then continue where the epoch stopped); otherwise tells them to start afresh.
     """
-    for stage, (dp, after) in enumerate(random_stages(datapipe)):
+    graph = describe(datapipe)  # one walk per reader and epoch
+    for stage, (dp, after) in enumerate(graph.random_stages()):
         dp.set_seed(plan.reader_seed(stage) if after else plan.shared_seed(stage))
     # (torch's own shuffle is resumable through its lean stand-in, swapped in by lean_graph)
-    resumable = [dp for dp in stages_of(datapipe) if is_resumable(dp)]
-    for dp in resumable:
-        if callable(getattr(dp, "set_resume", None)):
-            dp.set_resume(None)
-    sharders = [dp for dp in resumable if isinstance(dp, IndexSharderIterDataPipe)]
-    if apply_mix_plan(datapipe, plan, random_stages):  # a mixture: mix() plans its sources' reads
+    for node in graph.nodes:
+        if node.traits.resumable and callable(getattr(node.stage, "set_resume", None)):
+            node.stage.set_resume(None)
+    if apply_mix_plan(graph, plan):  # a mixture: mix() plans its sources' reads
         return datapipe
     if plan.resume:
-        found = resume_shape(datapipe)
+        sharders = graph.index_sharders()
+        found = resume_shape(graph)
         if isinstance(found, str) or len(sharders) != 1:
             raise ValueError(f"this graph cannot resume an epoch by seeking: {found}")
         shape, shuffler = found
-        resume = Resume(plan.resume, shape, plan.seed, plan.epoch)
+        resume = Resume(plan.resume, shape, plan.seed, plan.epoch, plan.after)
         sharders[0].set_resume(resume)
         if shuffler is not None:
             shuffler.set_resume(resume)
-        for dp in _counters(datapipe):
+        for dp in _counters(graph):
             dp.set_resume(resume)
     return datapipe
 
 
-def _name(dp: Any) -> str:
-    return (
-        "sharding_by_index()" if isinstance(dp, IndexSharderIterDataPipe) else "sharding_filter()"
+def _name(node: DescribedStage) -> str:
+    return "sharding_by_index()" if node.index_sharder else "sharding_filter()"
+
+
+def _first_below(graph: GraphDescription, at: int, wanted: Any) -> DescribedStage | None:
+    # The first stage below nodes[at] (in the description's order) that ``wanted`` accepts.
+    below = graph.below(at)
+    return next(
+        (n for i, n in enumerate(graph.nodes) if i in below and wanted(n)),
+        None,
     )
 
 
-def _first(graph: DataPipeGraph, kind: type | tuple[type, ...]) -> Any:
-    for dp, sources in graph.values():
-        if isinstance(dp, kind):
-            return dp
-        found = _first(sources, kind)
-        if found is not None:
-            return found
-    return None
-
-
-def refuse_unsupported(datapipe: IterDataPipe[Any]) -> None:
+def refuse_unsupported(datapipe: Graph) -> None:
     """Raise ``ValueError`` for a graph shape that would yield wrong data, saying why and what to write.
 
     - two sharding stages on one path (``sharding_filter`` twice, or with ``sharding_by_index``):
       each reader would keep its share of its share, and most samples would never be read;
-    - ``on_disk_cache`` before ``sharding_by_index``: the index names the shards by the URLs
-      it was built from, not by cached paths.
+    - a stage that ``rewrites_urls`` (``on_disk_cache``) before ``sharding_by_index``: the
+      index names the shards by the URLs it was built from, not by cached paths.
     """
-
-    def walk(graph: DataPipeGraph) -> None:
-        for dp, sources in graph.values():
-            if isinstance(dp, _ShardingIterDataPipe):
-                inner = _first(sources, _ShardingIterDataPipe)
-                if inner is not None:
-                    raise ValueError(
-                        f"the graph shards twice on one path ({_name(dp)} after {_name(inner)}): "
-                        "each reader would keep only its share of its share, and most samples "
-                        "would never be read; keep one sharding stage: sharding_filter() after "
-                        "the shard-level stages, or sharding_by_index() in its place"
-                    )
-                cached = _first(sources, OnDiskCacheHolderIterDataPipe)
-                if isinstance(dp, IndexSharderIterDataPipe) and cached is not None:
-                    raise ValueError(
-                        "on_disk_cache() before sharding_by_index(): the index names the shards "
-                        "by their URLs, not by cached paths; put on_disk_cache() after "
-                        "sharding_by_index() (it caches whole shards and keeps each reader's "
-                        "sample ranges)"
-                    )
-            walk(sources)
-
-    walk(traverse_dps(datapipe))
+    graph = _described(datapipe)
+    for at, node in enumerate(graph.nodes):
+        if not node.traits.sharding:
+            continue
+        inner = _first_below(graph, at, lambda n: n.traits.sharding)
+        if inner is not None:
+            raise ValueError(
+                f"the graph shards twice on one path ({_name(node)} after {_name(inner)}): "
+                "each reader would keep only its share of its share, and most samples "
+                "would never be read; keep one sharding stage: sharding_filter() after "
+                "the shard-level stages, or sharding_by_index() in its place"
+            )
+        cached = _first_below(graph, at, lambda n: n.traits.rewrites_urls)
+        if node.index_sharder and cached is not None:
+            raise ValueError(
+                "on_disk_cache() before sharding_by_index(): the index names the shards "
+                "by their URLs, not by cached paths; put on_disk_cache() after "
+                "sharding_by_index() (it caches whole shards and keeps each reader's "
+                f"sample ranges; the stage that yields cached paths: {cached.name})"
+            )
 
 
-def carries_across_epochs(datapipe: IterDataPipe[Any]) -> bool:
+def carries_across_epochs(datapipe: Graph) -> bool:
     """Whether a stage of the graph continues from one epoch into the next (``fixed_length``)."""
-    return any(isinstance(dp, FixedLengthIterDataPipe) for dp in stages_of(datapipe))
+    return _described(datapipe).spans_epochs
 
 
-def _counters(datapipe: IterDataPipe[Any]) -> list[Any]:
-    """The resumable stages between the sharder and the output that are not random (counters)."""
+def _counters(graph: GraphDescription) -> list[Any]:
+    """The stages between the sharder and the output that continue a count (``seeks="count"``)."""
     out = []
-    node: Any = datapipe
-    while node is not None and not isinstance(node, IndexSharderIterDataPipe):
-        if is_resumable(node) and not callable(getattr(node, "set_seed", None)):
-            out.append(node)
-        node = source_of(node)
+    for node in graph.path():
+        if node.index_sharder:
+            break
+        if node.traits.seeks == "count":
+            out.append(node.stage)
     return out
 
 
 def resume_shape(
-    datapipe: IterDataPipe[Any],
+    datapipe: Graph,
 ) -> tuple[Shape, LeanShufflerIterDataPipe[Any] | Shuffler[Any] | None] | str:
     """``(shape, sample shuffle stage or None)`` when an epoch of this graph can be resumed by seeking.
 
-    That is the graph of :func:`exact_length_plan` (``sharding_by_index`` ... one-to-one stages,
-    at most one ``batch()``) under the stages that run in the main process (trait
-    ``main_process``: the worker pool, ``pin_memory``, the main read-ahead), with no random
-    stage after the sharder other than at most one ``shuffle()`` before the ``batch()``, and any
-    other stage that keeps a position between items (trait ``resumable``: ``enumerate()``) after
-    that shuffle and before the ``batch()``. Otherwise, the reason it cannot, for error messages.
+    That is the graph of :func:`~shardpipes.datapipes.iter._index_length.exact_length_plan`
+    (``sharding_by_index`` ... one-to-one stages, at most one ``batch()``) under the stages
+    that run in the main process (trait ``main_process``: the worker pool, ``pin_memory``, the
+    main read-ahead), with no random stage after the sharder other than at most one buffered
+    shuffle (``seeks="buffer"``) before the ``batch()``, and any other stage that keeps a
+    position between items (``seeks="count"``: ``enumerate()``) after that shuffle and before
+    the ``batch()``. Otherwise, the reason it cannot, for error messages.
     """
-    mixed = mixture_shape(datapipe, random_stages)
+    graph = _described(datapipe)
+    mixed = mixture_shape(graph)
     if mixed is not None:
         return mixed
-    node: Any = datapipe
-    while in_main_process(node):
-        if isinstance(node, FullSyncIterDataPipe):
-            return "fullsync() evens out the ranks by dropping or repeating items as they come"
-        node = source_of(node)
-    plan = exact_length_plan(node)
+    tail = graph.main_tail()
+    for node in tail:
+        if node.traits.seek_refusal or node.traits.syncs_ranks:
+            return node.traits.seek_refusal or (
+                f"{node.name} evens out the ranks by dropping or repeating items as they come"
+            )
+    plan = graph.exact_length_plan(len(tail))
     if plan is None:
+        start = graph.chain[len(tail)] if len(tail) < len(graph.chain) else None
+        inside = graph.below(start) | {start} if start is not None else set()
         refusal = next(
-            (r for dp in stages_of(node) if (r := getattr(dp, "seek_refusal", None))), None
+            (
+                n.traits.seek_refusal
+                for i, n in enumerate(graph.nodes)
+                if i in inside and n.traits.seek_refusal
+            ),
+            None,
         )
         if refusal:
-            return str(refusal)
+            return refusal
         return (
             "the graph is not sharding_by_index -> open_files_by_fsspec -> load_from_tar -> "
             "webdataset followed only by one-to-one stages and at most one batch()"
         )
-    shuffler = None
+    shuffler: DescribedStage | None = None
     below_batch = plan[0] is None  # walking from the output: the batch() comes first
-    stage = node
-    while not isinstance(stage, IndexSharderIterDataPipe):
-        kind = type(stage).__name__
-        if isinstance(stage, Batcher | LeanBatcherIterDataPipe):
+    for node in graph.path(len(tail)):
+        if node.index_sharder:
+            break
+        traits = node.traits
+        if traits.batches:
             below_batch = True
-        elif callable(getattr(stage, "set_seed", None)):
-            if not is_resumable(stage) or not below_batch:
-                return f"{kind} after the batch() draws per batch and cannot be repositioned"
+        elif traits.random:
+            if traits.seeks != "buffer" or not below_batch:
+                return f"{node.name} after the batch() draws per batch and cannot be repositioned"
             if shuffler is not None:
                 return "two shuffle() stages after sharding_by_index"
-            shuffler = stage
-        elif is_resumable(stage) and (not below_batch or shuffler is not None):
+            shuffler = node
+        elif traits.resumable and (not below_batch or shuffler is not None):
             where = "after the batch()" if not below_batch else "before the shuffle()"
-            return f"{kind} {where} counts items in an order a resumed epoch does not repeat"
-        stage = source_of(stage)
-    stages = [dp for dp, _ in random_stages(datapipe)]
-    number = next((i for i, dp in enumerate(stages) if dp is shuffler), None)
-    buffer = None
-    if shuffler is not None and shuffler._enabled:
-        buffer = shuffler.buffer_size
-    return Shape(plan[0], plan[1], buffer, number if buffer else None), (
-        shuffler if buffer else None
-    )
+            return f"{node.name} {where} counts items in an order a resumed epoch does not repeat"
+    buffer = _buffer(shuffler)
+    if shuffler is None or not buffer:
+        return Shape(plan[0], plan[1], None, None), None
+    return Shape(plan[0], plan[1], buffer, _number(graph, shuffler.stage)), shuffler.stage
+
+
+def _buffer(shuffler: DescribedStage | None) -> int | None:
+    """The buffer size of a buffered shuffle (``seeks="buffer"``), ``None`` when it is off."""
+    if shuffler is None or not getattr(shuffler.stage, "_enabled", True):
+        return None
+    size: int = shuffler.stage.buffer_size
+    return size
+
+
+def _number(graph: GraphDescription, stage: Any) -> int:
+    """``stage``'s number among the graph's random stages (as the loader seeds them)."""
+    return next(i for i, (dp, _) in enumerate(graph.random_stages()) if dp is stage)
 
 
 def _lean(dp: Any) -> Any:
@@ -297,7 +302,7 @@ def lean_graph(datapipe: IterDataPipe[Any]) -> IterDataPipe[Any]:
 
     Only for a graph the caller owns (a deep copy): the stages are rewired, not copied.
     """
-    nodes = get_all_graph_pipes(traverse_dps(datapipe))
+    nodes = describe(datapipe).stages
     new = {id(dp): lean for dp in nodes if (lean := _lean(dp)) is not None}
     if not new:
         return datapipe

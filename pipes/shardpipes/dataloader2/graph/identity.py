@@ -5,13 +5,13 @@ it finds the reader (the stage whose ``range_to_samples`` step yields samples: `
 on the graph's one path from the output, and the first ``batch()`` above it. Every stage between
 them must be one the rewrite knows how to carry ids through:
 
-- stages that move items without looking at them (the sample ``shuffle``, ``prefetch``): the
-  pairs of sample and id go through them as they are;
-- one-to-one stages that yield each output before reading the next item (``map`` on whole
-  items, ``decode``): fed the samples, their outputs paired again with the id of the sample
-  they read last.
+- stages that move items without looking at them (trait ``carries_ids = "untouched"``: the
+  sample ``shuffle``, ``prefetch``): the pairs of sample and id go through them as they are;
+- one-to-one stages that yield each output before reading the next item (trait
+  ``carries_ids = "in_step"``: ``map`` on whole items, ``decode``, a user's stage that declares
+  it): fed the samples, their outputs paired again with the id of the sample they read last.
 
-Any other stage there (``filter``, ``flatmap``, ``map`` with columns, a stage of the user's) may
+Any other stage there (``filter``, ``flatmap``, ``map`` with columns, an undeclared stage) may
 drop, add or reorder items in a way the rewrite cannot follow, so it leaves the graph as it is
 and says why (:data:`NOT_CARRIED`): the loader then checks what it checked before, the
 samples' ``__url__`` and ``__key__`` where they keep them, else positions only. Never a wrong
@@ -23,33 +23,19 @@ from __future__ import annotations
 from typing import Any
 
 from torch.utils.data import IterDataPipe
-from torch.utils.data.datapipes.iter import Batcher
 
+from shardpipes.datapipes.iter._description import DescribedStage, describe
 from shardpipes.datapipes.iter._ids import (
     IdStampIterDataPipe,
     RetagIterDataPipe,
     Tape,
     UntagIterDataPipe,
 )
-from shardpipes.datapipes.iter._index_length import source_of
-from shardpipes.datapipes.iter._lean import (
-    LeanBatcherIterDataPipe,
-    LeanMapperIterDataPipe,
-    LeanShufflerIterDataPipe,
-)
-from shardpipes.datapipes.iter.base import is_one_to_one, range_step
-from shardpipes.datapipes.iter.decode import DecoderIterDataPipe
-from shardpipes.datapipes.iter.prefetch import PrefetcherIterDataPipe
 
 __all__ = ["NOT_CARRIED", "carry_ids"]
 
 #: The start of the note :func:`carry_ids` returns when it cannot carry the ids.
 NOT_CARRIED = "sample ids are not carried to the batches"
-
-# Stages that move items without looking at them, and one-to-one stages that yield each output
-# before they read the next item (so the id of the item read last is the output's).
-_MOVES = (LeanShufflerIterDataPipe, PrefetcherIterDataPipe)
-_SYNCHRONOUS = (LeanMapperIterDataPipe, DecoderIterDataPipe)
 
 
 def _set_source(dp: Any, new: Any) -> None:
@@ -57,17 +43,8 @@ def _set_source(dp: Any, new: Any) -> None:
     setattr(dp, attr, new)
 
 
-def _path(datapipe: IterDataPipe[Any]) -> list[Any]:
-    """The stages from the output down to the reader (the reader last), or ``[]`` if none."""
-    path: list[Any] = []
-    node: Any = datapipe
-    while node is not None:
-        path.append(node)
-        step = range_step(node)
-        if step is not None and step[1] == "samples":
-            return path
-        node = source_of(node)
-    return []
+def _carries(node: DescribedStage) -> bool:
+    return node.traits.one_to_one and node.traits.carries_ids is not None
 
 
 def carry_ids(datapipe: IterDataPipe[Any]) -> tuple[IterDataPipe[Any], str | None]:
@@ -77,30 +54,28 @@ def carry_ids(datapipe: IterDataPipe[Any]) -> tuple[IterDataPipe[Any], str | Non
     ``note`` is ``None`` when the ids are carried, or when the graph has no reader on its one
     path or no ``batch()`` above it (its items are then samples, checked by their keys).
     """
-    path = _path(datapipe)
+    path = describe(datapipe).reader_path()
     if not path:
         return datapipe, None
-    reader = path[-1]
-    above = list(reversed(path[:-1]))  # from the stage above the reader up to the output
-    batch = next(
-        (i for i, dp in enumerate(above) if isinstance(dp, Batcher | LeanBatcherIterDataPipe)),
-        None,
-    )
+    reader = path[-1].stage
+    nodes = list(reversed(path[:-1]))  # from the stage above the reader up to the output
+    batch = next((i for i, n in enumerate(nodes) if n.traits.batches), None)
     if batch is None:
         return datapipe, None
-    for dp in above[:batch]:
-        if not isinstance(dp, _MOVES + _SYNCHRONOUS) or not is_one_to_one(dp):
-            name = type(dp).__name__
+    for node in nodes[:batch]:
+        if not _carries(node):
             return datapipe, (
-                f"{NOT_CARRIED}: {name} between webdataset() and batch() may drop, add or "
-                "reorder samples in a way the loader cannot follow; batches are checked by their "
-                "samples' __url__ and __key__ where they keep them, else by position only"
+                f"{NOT_CARRIED}: {node.name} between webdataset() and batch() may drop, add or "
+                "reorder samples in a way the loader cannot follow (it declares no carries_ids "
+                "trait); batches are checked by their samples' __url__ and __key__ where they "
+                "keep them, else by position only"
             )
+    above = [n.stage for n in nodes]
     stamp = IdStampIterDataPipe(reader)
     below: Any = stamp
     root: Any = datapipe
     for i, dp in enumerate(above[: batch + 1]):
-        if isinstance(dp, _MOVES):
+        if i < batch and nodes[i].traits.carries_ids == "untouched":
             _set_source(dp, below)
             below = dp
             continue

@@ -27,6 +27,7 @@ from torch.utils.data.datapipes.iter import (
     Zipper,
 )
 
+from shardpipes._submodules import submodule_attributes
 from shardpipes.datapipes.iter import _unhooked  # noqa: F401 - shuffle, map, filter without the hook
 from shardpipes.datapipes.iter.batch import InBatchShufflerIterDataPipe as InBatchShuffler
 from shardpipes.datapipes.iter.decode import DecoderIterDataPipe as Decoder
@@ -242,3 +243,7 @@ __all__ += [
     "ZipArchiveLoader",
     "ZipperLongest",
 ]
+
+# torchdata 0.9's submodules of this package, attributes once it is imported (0.9 imported
+# them eagerly): imported on first use here (tests/test_torchdata09_modules.py sweeps them).
+__getattr__, __dir__ = submodule_attributes(__name__, ("load", "transform", "util"))

@@ -46,6 +46,8 @@ class LeanShufflerIterDataPipe(StageIterDataPipe[T]):
     stands_for = Shuffler
     one_to_one = True
     resumable = True
+    seeks = "buffer"  # replays its counter-based draws to the resumed position
+    carries_ids = "untouched"  # moves items without looking at them
 
     def __init__(
         self, datapipe: IterDataPipe[T], buffer_size: int, enabled: bool, seed: int | None
@@ -111,6 +113,7 @@ class LeanBatcherIterDataPipe(StageIterDataPipe[Any]):
     """torch's ``Batcher`` without the per-element hook."""
 
     stands_for = Batcher
+    batches = True
 
     def __init__(
         self, datapipe: IterDataPipe[Any], batch_size: int, drop_last: bool, wrapper_class: Any
@@ -140,6 +143,7 @@ class LeanMapperIterDataPipe(StageIterDataPipe[Any]):
 
     stands_for = Mapper
     one_to_one = True
+    carries_ids = "in_step"  # yields fn(x) before it reads the next item
 
     def __init__(self, datapipe: IterDataPipe[Any], fn: Callable[[Any], Any]) -> None:
         self.datapipe = datapipe

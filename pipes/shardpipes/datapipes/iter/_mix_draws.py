@@ -20,11 +20,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from torch.utils.data import IterDataPipe
-from torch.utils.data.graph import traverse_dps
-from torch.utils.data.graph_settings import get_all_graph_pipes
 
+from shardpipes.datapipes.iter._description import describe
 from shardpipes.datapipes.iter.base import SeededRng, StageIterDataPipe
-from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
 from shardpipes.plan.mixture import Mixture
 
 __all__ = ["DrawnMixerIterDataPipe", "indexed"]
@@ -32,9 +30,7 @@ __all__ = ["DrawnMixerIterDataPipe", "indexed"]
 
 def indexed(dp: IterDataPipe[Any]) -> bool:
     """Whether ``dp`` reads its shards through a ``sharding_by_index`` (the plan can know its samples)."""
-    return any(
-        isinstance(s, IndexSharderIterDataPipe) for s in get_all_graph_pipes(traverse_dps(dp))
-    )
+    return bool(describe(dp).index_sharders())
 
 
 class DrawnMixerIterDataPipe(SeededRng, StageIterDataPipe[Any]):

@@ -1,10 +1,11 @@
 """The stage base, its traits, and registration: what every shardpipes stage is built on.
 
-A stage declares its **traits** as class attributes, and the loader reads them (through
-:func:`is_one_to_one`, :func:`range_step`, :func:`in_main_process`, :func:`is_resumable`)
-instead of keeping lists of classes; ``docs/writing-a-stage.md`` shows a stage that keeps every
-guarantee. Torch's own stages (``map``, ``shuffle``, ...) get the traits of the lean stage that
-stands in for them (``stands_for``).
+A stage declares its **traits** as class attributes, and the loader reads them (all at once
+with :func:`traits_of`, into the graph's one description, ``datapipes/iter/_description.py``;
+one at a time with :func:`is_one_to_one`, :func:`range_step`, :func:`in_main_process`,
+:func:`is_resumable`) instead of keeping lists of classes; ``docs/writing-a-stage.md`` shows a
+stage that keeps every guarantee. Torch's own stages (``map``, ``shuffle``, ...) get the traits
+of the lean stage that stands in for them (``stands_for``).
 
 Why our stages skip torch's per-element iterator hook: torch's ``_IterDataPipeMeta`` wraps each
 ``__iter__`` generator so every ``next()`` enters a profiler ``record_function`` and checks
@@ -21,23 +22,30 @@ from __future__ import annotations
 import random
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar, cast
 
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes._decorator import functional_datapipe
 from torch.utils.data.datapipes._hook_iterator import _SnapshotState
+from torch.utils.data.datapipes.iter.sharding import _ShardingIterDataPipe
 
 __all__ = [
+    "IDS",
+    "SEEKS",
     "UNITS",
     "PicklesRng",
     "SeededRng",
     "StageIterDataPipe",
+    "Traits",
     "check_picklable_fn",
     "in_main_process",
     "is_one_to_one",
+    "is_random",
     "is_resumable",
     "range_step",
     "register",
+    "traits_of",
     "widen",
 ]
 
@@ -48,13 +56,20 @@ _C = TypeVar("_C", bound=type)
 #: The units of :attr:`StageIterDataPipe.range_to_samples`, from the sharder's to the samples.
 UNITS = ("ranges", "streams", "members", "samples")
 
+#: The seek protocols of :attr:`StageIterDataPipe.seeks`: how a stage continues a resumed epoch.
+SEEKS = ("reads", "buffer", "count")
+
+#: How sample ids pass a stage between the reader and ``batch()`` (:attr:`StageIterDataPipe.carries_ids`).
+IDS = ("untouched", "in_step")
+
 _STAND_INS: dict[type, type] = {}
 
 
 class StageIterDataPipe(IterDataPipe[T]):
     """Base of shardpipes stages: a plain generator ``__iter__``, no per-element hook, and traits.
 
-    Traits (class attributes; the defaults promise nothing):
+    Traits (class attributes, or properties for a stage that answers per instance; the defaults
+    promise nothing):
 
     - ``one_to_one``: yields exactly one item for each item it reads, so a reader's item count
       after ``sharding_by_index`` still follows from the index (a stage that may skip an item
@@ -68,13 +83,45 @@ class StageIterDataPipe(IterDataPipe[T]):
       epoch's :class:`~shardpipes.plan.epoch.Resume` (``None`` for a fresh epoch) and it
       continues exactly where the uninterrupted epoch was; stages that keep a position between
       items (a shuffle buffer, a counter) must be resumable to sit after ``sharding_by_index``.
+    - ``seeks``: how a resumable stage continues, among :data:`SEEKS`: ``"reads"`` (it is the
+      sharder and repositions what the reader reads: ``sharding_by_index``), ``"buffer"`` (a
+      buffered shuffle with ``buffer_size`` that replays its draws to the position:
+      ``shuffle()``), ``"count"`` (a count that continues from ``Resume.yielded()``). Default:
+      ``"buffer"`` for a resumable random stage, ``"count"`` for any other resumable one.
+    - ``batches``: groups items into lists of ``batch_size`` (attributes ``batch_size`` and
+      ``drop_last``), like ``batch()``.
+    - ``carries_ids``: how each sample's id can pass it between ``webdataset()`` and
+      ``batch()``, among :data:`IDS`: ``"untouched"`` (it moves items without looking at them,
+      maybe reordered: ``shuffle()``, ``prefetch()``), ``"in_step"`` (one-to-one, and it yields
+      each output before it reads the next item: ``map()``, ``decode()``).
+    - ``plans_mixture``: a ``mix()``: its ``sources`` (named ``names``) are read as the epoch's
+      plan says (``set_plan``), and a loader state is bound to its ``fingerprint()``.
+    - ``spans_epochs``: continues from one epoch into the next (``fixed_length()``).
+    - ``rewrites_urls``: yields other names for the shards it reads (a cache's local paths).
+    - ``syncs_ranks``: evens out the ranks' lengths as items come (``fullsync()``).
+    - ``seek_refusal``: why a graph with this stage cannot resume by seeking (a message), or
+      ``None``.
     - ``stands_for``: a lean stand-in's torch stage, whose traits are then this stage's.
+
+    A stage is random because it has ``set_seed``, and a sharding point because it is torch's
+    sharding kind (``apply_sharding``); neither is declared again. A stage that can send large
+    members by their place through shared memory has ``enable_placed_output()``
+    (``SupportsPlacedOutput``, ``formats/placed.py``), which the worker asks for.
     """
 
     one_to_one: ClassVar[bool] = False
     range_to_samples: ClassVar[tuple[str, str] | None] = None
     main_process: ClassVar[bool] = False
     resumable: ClassVar[bool] = False
+    seeks: ClassVar[str | None] = None
+    batches: ClassVar[bool] = False
+    carries_ids: ClassVar[str | None] = None
+    plans_mixture: ClassVar[bool] = False
+    spans_epochs: ClassVar[bool] = False
+    rewrites_urls: ClassVar[bool] = False
+    syncs_ranks: ClassVar[bool] = False
+    # Not a ClassVar: a stage may set its own refusal per instance (a mixer without an index).
+    seek_refusal: str | None = None
     stands_for: ClassVar[type | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -124,8 +171,70 @@ def in_main_process(dp: Any) -> bool:
 
 
 def is_resumable(dp: Any) -> bool:
-    """Whether ``dp`` takes the epoch's ``Resume`` and continues exactly (trait ``resumable``)."""
-    return bool(_trait(dp, "resumable", False))
+    """Whether ``dp`` takes the epoch's ``Resume`` and continues exactly (trait ``resumable`` or ``seeks``)."""
+    return bool(_trait(dp, "resumable", False)) or _trait(dp, "seeks", None) is not None
+
+
+def is_random(dp: Any) -> bool:
+    """Whether ``dp`` draws random numbers: it has ``set_seed``, which the loader calls."""
+    return callable(getattr(dp, "set_seed", None))
+
+
+@dataclass(frozen=True)
+class Traits:
+    """Everything a stage declares, read once (:func:`traits_of`); see :class:`StageIterDataPipe`."""
+
+    one_to_one: bool = False
+    range_to_samples: tuple[str, str] | None = None
+    main_process: bool = False
+    seeks: str | None = None
+    batches: bool = False
+    carries_ids: str | None = None
+    plans_mixture: bool = False
+    spans_epochs: bool = False
+    rewrites_urls: bool = False
+    syncs_ranks: bool = False
+    seek_refusal: str | None = None
+    random: bool = False
+    sharding: bool = False
+
+    @property
+    def resumable(self) -> bool:
+        """Whether the stage takes the epoch's ``Resume`` (it has a seek protocol)."""
+        return self.seeks is not None
+
+
+def _checked(name: str, value: Any, allowed: tuple[str, ...], dp: Any) -> Any:
+    if value is not None and value not in allowed:
+        raise ValueError(
+            f"{type(dp).__name__} declares {name}={value!r}; it should be one of {allowed} or None"
+        )
+    return value
+
+
+def traits_of(dp: Any) -> Traits:
+    """All of ``dp``'s traits, as declared (or as its lean stand-in declares them for a torch stage)."""
+    random_ = is_random(dp)
+    seeks = _checked("seeks", _trait(dp, "seeks", None), SEEKS, dp)
+    if seeks is None and _trait(dp, "resumable", False):
+        seeks = "buffer" if random_ else "count"
+    refusal = _trait(dp, "seek_refusal", None)
+    return Traits(
+        one_to_one=is_one_to_one(dp),
+        range_to_samples=range_step(dp),
+        main_process=in_main_process(dp),
+        seeks=seeks,
+        batches=bool(_trait(dp, "batches", False)),
+        carries_ids=_checked("carries_ids", _trait(dp, "carries_ids", None), IDS, dp),
+        plans_mixture=bool(_trait(dp, "plans_mixture", False)),
+        spans_epochs=bool(_trait(dp, "spans_epochs", False)),
+        rewrites_urls=bool(_trait(dp, "rewrites_urls", False)),
+        syncs_ranks=bool(_trait(dp, "syncs_ranks", False)),
+        seek_refusal=str(refusal) if refusal else None,
+        random=random_,
+        # torch's own declaration of a sharding point: what its apply_sharding looks for
+        sharding=isinstance(dp, _ShardingIterDataPipe),
+    )
 
 
 def _plain_iter(gen_fn: Callable[[Any], Iterator[Any]]) -> Callable[[Any], Iterator[Any]]:

@@ -91,6 +91,8 @@ class OnDiskCacheHolderIterDataPipe(StageIterDataPipe[str]):
         [True]
     """
 
+    rewrites_urls = True  # yields local paths in place of the URLs an index names
+
     def __init__(
         self,
         source_datapipe: Iterable[str],

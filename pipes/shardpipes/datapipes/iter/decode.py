@@ -107,6 +107,7 @@ class DecoderIterDataPipe(StageIterDataPipe[Sample]):
     """
 
     one_to_one = True  # a sample skipped under a handler: the exact-length guard pads
+    carries_ids = "in_step"  # yields each decoded sample before it reads the next
 
     def __init__(
         self,

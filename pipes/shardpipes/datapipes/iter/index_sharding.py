@@ -10,6 +10,7 @@ sample range and its byte span, read with one seek or one range request.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal
@@ -75,6 +76,7 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
     # sharding kind for apply_sharding. It starts the steps from ranges to samples.
     range_to_samples = ("urls", "ranges")
     resumable = True
+    seeks = "reads"  # a resumed epoch starts its reads where the reader was (set_resume)
 
     def __init__(
         self,
@@ -146,6 +148,18 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
             where = index.positions(urls)
             self._planned = (urls, index, where, EpochLayout(index.count_array[where]))
         return self._planned[3]
+
+    def epoch_samples(self) -> int:
+        """Samples in the shards of an epoch, from the index (for the loader's ``len()``).
+
+        Lists a copy of the source (the shard list; the real source's state does not move) and
+        reads no sample.
+        """
+        urls = list(copy.deepcopy(self.source_datapipe))
+        if not urls:
+            return 0
+        index = self._index(urls)
+        return int(index.count_array[index.positions(urls)].sum())
 
     def set_positions(self, positions: Runs | None) -> IndexSharderIterDataPipe:
         """Read these positions of the planned epoch (read circularly) in the next iteration (``mix()``'s hook)."""

@@ -183,6 +183,8 @@ class FixedLengthIterDataPipe(StageIterDataPipe[T]):
         ([0, 1, 2], [3, 4, 0], [1, 2, 3])
     """
 
+    spans_epochs = True  # the next epoch continues where this one stopped
+
     def __init__(self, source_datapipe: IterDataPipe[T], length: int | None = None) -> None:
         _non_negative("length", length, allow_none=True)
         self.source_datapipe = source_datapipe

@@ -18,16 +18,12 @@ from typing import Any
 
 import numpy as np
 from torch.utils.data import IterDataPipe
-from torch.utils.data.graph import traverse_dps
-from torch.utils.data.graph_settings import get_all_graph_pipes
 
-from shardpipes.datapipes.iter._index_length import source_of
+from shardpipes.datapipes.iter._description import describe
 from shardpipes.datapipes.iter._mix_draws import DrawnMixerIterDataPipe, indexed
 from shardpipes.datapipes.iter.base import (
     StageIterDataPipe,
     check_picklable_fn,
-    is_one_to_one,
-    range_step,
     register,
 )
 from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
@@ -54,29 +50,16 @@ class SourceChanged(ValueError):
     """A mixture's source differs from the one a loader state was taken with."""
 
 
-def _counted(dp: Any) -> bool:
-    """Whether ``dp`` is ``sharding_by_index`` -> ... with stages that keep the count (one item per item)."""
-    node = dp
-    while is_one_to_one(node) or range_step(node) is not None:
-        if isinstance(node, IndexSharderIterDataPipe):
-            return True
-        node = source_of(node)
-    return False
-
-
 def mixable(dp: IterDataPipe[Any]) -> bool:
     """Whether ``dp`` can be a ``mix()`` source: one ``sharding_by_index``, then stages that keep the count."""
-    found = [
-        s for s in get_all_graph_pipes(traverse_dps(dp)) if isinstance(s, IndexSharderIterDataPipe)
-    ]
-    return len(found) == 1 and _counted(dp)
+    graph = describe(dp)
+    return len(graph.index_sharders()) == 1 and graph.counts_from_index()
 
 
 def _sharder(dp: IterDataPipe[Any], name: str) -> IndexSharderIterDataPipe:
-    found = [
-        s for s in get_all_graph_pipes(traverse_dps(dp)) if isinstance(s, IndexSharderIterDataPipe)
-    ]
-    if len(found) != 1 or not _counted(dp):
+    graph = describe(dp)
+    found = graph.index_sharders()
+    if len(found) != 1 or not graph.counts_from_index():
         raise ValueError(
             f"mix() source {name!r} should be sharding_by_index -> open_files_by_fsspec -> "
             "load_from_tar -> webdataset followed only by one-to-one stages (map, decode; no "
@@ -90,7 +73,8 @@ def _sharder(dp: IterDataPipe[Any], name: str) -> IndexSharderIterDataPipe:
             "keeps readers equal by leaving out fewer samples than readers (policy 'drop'), "
             "from the sources not read once per epoch first"
         )
-    return found[0]
+    sharder: IndexSharderIterDataPipe = found[0]
+    return sharder
 
 
 @register("mix")
@@ -143,6 +127,8 @@ class MixerIterDataPipe(StageIterDataPipe[Any]):
         >>> len(list(dp))  # 8 + 2 x 4
         16
     """
+
+    plans_mixture = True  # reads its sources as the epoch's plan says (set_plan)
 
     def __new__(cls, *sources: IterDataPipe[Any], **kwargs: Any) -> Any:
         """A :class:`DrawnMixerIterDataPipe` when a source has no shard index, else a mixer.
@@ -249,6 +235,7 @@ class MixerIterDataPipe(StageIterDataPipe[Any]):
             else functools.partial(
                 reader_stage_seed, plan.seed, plan.epoch, shape.shuffle_stage or 0
             ),
+            after=plan.after,
         )
         self._shuffle = mine.shuffle
         for s, piece in zip(sharders, mine.pieces, strict=True):

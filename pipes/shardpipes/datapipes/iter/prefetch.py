@@ -75,6 +75,7 @@ class PrefetcherIterDataPipe(StageIterDataPipe[T]):
     """
 
     one_to_one = True
+    carries_ids = "untouched"  # moves items without looking at them
 
     def __init__(self, source_datapipe: IterDataPipe[T], buffer_size: int = 10) -> None:
         if buffer_size <= 0:

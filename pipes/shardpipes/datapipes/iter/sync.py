@@ -144,6 +144,8 @@ class FullSyncIterDataPipe(StageIterDataPipe[T]):
     """
 
     main_process = True  # sees the output of all workers together
+    syncs_ranks = True
+    seek_refusal = "fullsync() evens out the ranks by dropping or repeating items as they come"
 
     def __init__(
         self,

@@ -2,6 +2,7 @@
 
 from torch.utils.data.datapipes.utils.common import StreamWrapper
 
+from shardpipes._submodules import submodule_attributes
 from shardpipes.datapipes.utils._graph import to_graph
 
 # From the 0.9 submodules (not _helpers): importing a submodule sets the package attribute of
@@ -15,3 +16,7 @@ __all__ = [
     "pin_memory_fn",
     "to_graph",
 ]
+
+# torchdata 0.9's submodules of this package, attributes once it is imported (0.9 imported
+# them eagerly): imported on first use here (tests/test_torchdata09_modules.py sweeps them).
+__getattr__, __dir__ = submodule_attributes(__name__, ("common", "pin_memory"))

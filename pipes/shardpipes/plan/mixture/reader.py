@@ -14,7 +14,7 @@ from shardpipes.plan.resume import (
     Runs,
     Segment,
     Shape,
-    next_worker,
+    lease_start,
     segment_seed,
     worker_batches,
 )
@@ -78,6 +78,7 @@ def mix_reader(
     shape: Shape,
     epoch_start: int = 0,
     shuffle_seed: Callable[[tuple[int, ...]], int] | None = None,
+    after: int = 0,
 ) -> MixReader:
     """What ``reader`` of the last segment reads of the epoch whose sources contribute ``counts``.
 
@@ -85,6 +86,8 @@ def mix_reader(
     ``shape`` says how a reader's samples become a rank's items; ``epoch_start`` is the global
     sample where the epoch starts (for a schedule). Work: the reader's own share, plus, after
     an elastic resume, the sequences of the earlier stretches' readers up to what they yielded.
+    ``after``: the reader starts after its own first ``after`` items of this run
+    (:func:`~shardpipes.plan.resume.lease_start`).
 
     Raises:
         ValueError: A segment says more items were consumed than its readers had.
@@ -127,9 +130,10 @@ def mix_reader(
 
         if s == len(segments) - 1:
             rank, worker = divmod(reader, workers)
-            role = rank * workers + (worker + next_worker(seg.consumed, batches)) % workers
+            turn, done_role = lease_start(seg.consumed, batches, worker, after)
+            role = rank * workers + turn
             pieces, seq = seq_of(role)
-            o = yielded[role % workers]
+            o = shape.samples(done_role, split.per_reader)
             if buffer is None:
                 used = np.bincount(seq[:o], minlength=len(counts))
                 rest = [p.slice(int(c), len(p)) for p, c in zip(pieces, used, strict=True)]

@@ -7,6 +7,7 @@ from typing import Any
 
 from torch.utils.data import MapDataPipe
 
+from shardpipes._submodules import submodule_attributes
 from shardpipes.datapipes.map._registry import register_map
 
 __all__ = ["InMemoryCacheHolderMapDataPipe", "UnZipperMapDataPipe"]
@@ -77,3 +78,8 @@ class UnZipperMapDataPipe(MapDataPipe[Any]):
                 "the input `sequence_length` and `columns_to_skip`."
             )
         return [_Column(source_datapipe, i) for i in ids]
+
+
+# torchdata 0.9's submodules of this package, attributes once it is imported (0.9 imported
+# them eagerly): imported on first use here (tests/test_torchdata09_modules.py sweeps them).
+__getattr__, __dir__ = submodule_attributes(__name__, ("cacheholder", "converter", "unzipper"))

@@ -1,0 +1,121 @@
+"""One logical reader's items, from any item on: what a Ray reader actor runs for a lease.
+
+A rank's graph is read by ``V`` logical readers, numbered as ``MultiProcessingReadingService``
+numbers its workers: reader ``w`` is the graph sharded as worker ``w`` of ``V`` and handed the
+rank's epoch plan spawned to ``w``. Its items are a pure function of that plan, so any process
+can make them, and, with a graph that resumes by seeking, start after its own first ``k`` items
+(:func:`shardpipes.plan.resume.lease_start`) without reading them. A graph that cannot seek can
+start there by replay (reading and dropping the first ``k``), when the caller allows it.
+
+Nothing here imports Ray: the actor calls :func:`logical_items`, and the tests call it in process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import IterDataPipe
+
+from shardpipes.dataloader2.graph import apply_epoch_plan, resume_shape
+from shardpipes.dataloader2.utils.dispatch import shard_for_worker
+from shardpipes.dataloader2.workers.graph_copy import copy_graph
+from shardpipes.plan.epoch import EpochPlan
+from shardpipes.plan.resume import Segment
+
+__all__ = ["Bundle", "logical_items", "reader_bundles", "seek_refusal"]
+
+
+def seek_refusal(core: IterDataPipe[Any]) -> str | None:
+    """Why a logical reader of ``core`` cannot start after its first items by seeking; ``None`` if it can."""
+    found = resume_shape(core)
+    return found if isinstance(found, str) else None
+
+
+def reader_plan_for(
+    plan: EpochPlan, reader: int, num_readers: int, world_size: int, after: int
+) -> EpochPlan:
+    """The plan of logical ``reader`` (``plan`` is the rank's), starting after its own ``after`` items.
+
+    ``after > 0`` needs the epoch's segments; a run from the epoch's start has one, with
+    nothing consumed, under this topology (what the worker pool's run is).
+    """
+    spawned = plan.spawn(reader)
+    if not after:
+        return spawned
+    segments = plan.resume or (Segment(world_size, num_readers, len(plan.path) == 1, 0),)
+    return dataclasses.replace(spawned, resume=segments, after=after)
+
+
+def logical_items(
+    core: IterDataPipe[Any],
+    plan: EpochPlan,
+    reader: int,
+    num_readers: int,
+    *,
+    world_size: int = 1,
+    after: int = 0,
+    replay: bool = False,
+) -> Iterator[Any]:
+    """The items of logical ``reader`` of ``num_readers`` in this epoch, after its own first ``after``.
+
+    ``core`` is the rank's graph (sharded by rank, not by worker), ``plan`` the rank's epoch
+    plan (path ``(rank,)`` under ``DistributedReadingService``, else ``()``). With ``replay``
+    the reader reads and drops its first ``after`` items instead of seeking.
+    """
+    with _GRAPHS:
+        graph = shard_for_worker(copy_graph(core), num_readers, reader)
+        if replay:
+            apply_epoch_plan(graph, plan.spawn(reader))
+        else:
+            apply_epoch_plan(graph, reader_plan_for(plan, reader, num_readers, world_size, after))
+        items = _one_at_a_time(iter(graph))
+    return itertools.islice(items, after, None) if replay else items
+
+
+# torch's graph walk (traverse_dps) sets a class-wide pickling hook while it runs, so two threads
+# walking or copying graphs at once break each other ("Attempt to override existing
+# reduce_ex_hook"); a stage may walk its graph when it starts (mix() finds its sharders). A
+# reader actor runs several logical readers in threads: one of them at a time touches a graph.
+_GRAPHS = threading.Lock()
+
+
+def _one_at_a_time(items: Iterator[Any]) -> Iterator[Any]:
+    while True:
+        with _GRAPHS:
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+        yield item
+
+
+@dataclasses.dataclass(frozen=True)
+class Bundle:
+    """Consecutive items of one lease: items ``start`` .. ``start + len(items) - 1`` of its reader.
+
+    ``end`` is the reader's item count when its epoch ends after these items, else ``-1``.
+    """
+
+    reader: int
+    fence: int
+    start: int
+    items: list[Any]
+    end: int = -1
+
+
+def reader_bundles(
+    items: Iterator[Any], reader: int, fence: int, start: int, size: int
+) -> Iterator[Bundle]:
+    """``items`` (those of ``reader`` from item ``start`` on) in bundles of ``size``, the last marked ``end``."""
+    at = start
+    while True:
+        out = list(itertools.islice(items, size))
+        if len(out) < size:
+            yield Bundle(reader, fence, at, out, at + len(out))
+            return
+        yield Bundle(reader, fence, at, out)
+        at += len(out)
