@@ -36,7 +36,7 @@ from shardpipes.datapipes.iter._index_length import exact_length_plan
 from shardpipes.errors import ShardpipesWarning
 from shardpipes.plan.readers import batches, per_reader, reader_count
 
-__all__ = ["Consumer", "lightning_probe", "loader_length", "own_state"]
+__all__ = ["Consumer", "length", "lightning_probe", "loader_length", "own_state"]
 
 #: The modules of Lightning's data fetchers (the 2.x package and the older standalone one).
 _FETCHERS = ("lightning.pytorch.loops.fetchers", "pytorch_lightning.loops.fetchers")
@@ -52,6 +52,15 @@ _PROBE = (
 )
 _LIGHTNING = ("lightning.", "pytorch_lightning.")
 _DEPTH = 16  # frames between DataLoader2.__iter__ (or state_dict) and Lightning's fetcher
+
+
+def length(dl: Any) -> int:
+    """``len(dl)`` of a ``DataLoader2``: :func:`loader_length` under its service's topology, once an epoch."""
+    if dl._length is None or dl._length[0] != dl._epochs_run:
+        t = dl.reading_service.topology()
+        n = loader_length(dl.datapipe, dl._graph, t.ranks, t.readers_per_rank, t.distributed)
+        dl._length = (dl._epochs_run, n)
+    return int(dl._length[1])
 
 
 def loader_length(

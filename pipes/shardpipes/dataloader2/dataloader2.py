@@ -17,7 +17,7 @@ from torch.utils.data import IterDataPipe, MapDataPipe
 
 from shardpipes.dataloader2 import _binding, _checkpoint, _epoch
 from shardpipes.dataloader2._attest import Attestor, Policy
-from shardpipes.dataloader2._consumers import Consumer, lightning_probe, loader_length, own_state
+from shardpipes.dataloader2._consumers import Consumer, length, lightning_probe, own_state
 from shardpipes.dataloader2._iterator import DataLoader2Iterator
 from shardpipes.dataloader2.adapter import Adapter
 from shardpipes.dataloader2.reading_service import InProcessReadingService, ReadingServiceInterface
@@ -247,13 +247,7 @@ class DataLoader2(Generic[T]):
         Known with a shard index (``sharding_by_index`` then one-to-one stages and at most one
         ``batch()``, any ranks and workers) and for a graph with a length read in-process.
         """
-        if self._length is None or self._length[0] != self._epochs_run:  # once an epoch
-            t = self.reading_service.topology()
-            n = loader_length(
-                self.datapipe, self._graph, t.ranks, t.readers_per_rank, t.distributed
-            )
-            self._length = (self._epochs_run, n)
-        return self._length[1]
+        return length(self)
 
     def __bool__(self) -> bool:
         return True  # a loader is true whatever its length (0.9's had none; truth never asks it)
