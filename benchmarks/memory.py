@@ -34,7 +34,7 @@ import bench  # noqa: E402
 
 def run(manifest: str, workers: int, epochs: int) -> dict:
     """One trial through bench.py's own runner call (same command line and environment)."""
-    opts = argparse.Namespace(shuffle=1000, batch=64, epochs=epochs, timeout=1800)
+    opts = argparse.Namespace(shuffle=1000, batch=64, epochs=epochs, timeout=1800, omp_threads="1")
     r = bench.run_trial(sys.executable, "shardpipes", workers, manifest, opts)
     if "error" in r:
         raise RuntimeError(

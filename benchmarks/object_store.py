@@ -199,7 +199,9 @@ def _trial(
 
     if reader == "before":  # shardpipes from another source tree (--before)
         reader, env = "shardpipes", {**env, "PYTHONPATH": args.before}
-    ns = argparse.Namespace(shuffle=1000, batch=64, epochs=args.epochs, timeout=args.timeout)
+    ns = argparse.Namespace(
+        shuffle=1000, batch=64, epochs=args.epochs, timeout=args.timeout, omp_threads="1"
+    )
     with open(args.manifest_tmp, "w") as f:
         json.dump(m, f)
     r = bench.run_trial(py[reader], reader, workers, args.manifest_tmp, ns, env)
