@@ -9,7 +9,7 @@ from typing import Any
 
 from torch.utils.data import IterDataPipe
 
-from shardpipes.dataloader2.graph import stages_of
+from shardpipes.dataloader2.graph import registered_names, stages_of
 from shardpipes.datapipes.iter._lean import LeanFilterIterDataPipe
 from shardpipes.errors import EmptyEpochWarning
 from shardpipes.handlers import SkipStats
@@ -90,11 +90,8 @@ class StageFlow:
 
 def _functional_names() -> dict[type, str]:
     names: dict[type, str] = {LeanFilterIterDataPipe: "filter"}
-    for name, fn in IterDataPipe.functions.items():
-        args = getattr(fn, "args", None)
-        cls = args[0] if args else None
-        if isinstance(cls, type):
-            names.setdefault(cls, name)
+    for cls, name in registered_names().items():
+        names.setdefault(cls, name)
     return names
 
 

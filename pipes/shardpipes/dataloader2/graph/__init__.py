@@ -69,6 +69,7 @@ __all__ = [
     "list_dps",
     "random_stages",
     "refuse_unsupported",
+    "registered_names",
     "remove_dp",
     "replace_dp",
     "resume_shape",
@@ -79,6 +80,17 @@ __all__ = [
 ]
 
 Graph = IterDataPipe[Any] | GraphDescription
+
+
+def registered_names() -> dict[type, str]:
+    """Each registered stage class and its functional name (the first, if it has several)."""
+    names: dict[type, str] = {}
+    for name, fn in IterDataPipe.functions.items():
+        args = getattr(fn, "args", None)
+        cls = args[0] if args else None
+        if isinstance(cls, type):
+            names.setdefault(cls, name)
+    return names
 
 
 def _described(graph: Graph) -> GraphDescription:

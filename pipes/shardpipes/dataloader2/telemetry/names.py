@@ -6,20 +6,10 @@ from typing import Any
 
 from torch.utils.data import IterDataPipe
 
-from shardpipes.dataloader2.graph import stages_of
+from shardpipes.dataloader2.graph import registered_names, stages_of
 from shardpipes.datapipes.iter._unhooked import torch_kind
 
 __all__ = ["stage_labels", "stage_name"]
-
-
-def _registered() -> dict[type, str]:
-    names: dict[type, str] = {}
-    for name, fn in IterDataPipe.functions.items():
-        args = getattr(fn, "args", None)
-        cls = args[0] if args else None
-        if isinstance(cls, type):
-            names.setdefault(cls, name)
-    return names
 
 
 def stage_name(dp: Any, registered: dict[type, str] | None = None) -> str:
@@ -27,7 +17,7 @@ def stage_name(dp: Any, registered: dict[type, str] | None = None) -> str:
 
     A stage without one is named by its class, less ``IterDataPipe`` (``IterableWrapper``).
     """
-    names = registered if registered is not None else _registered()
+    names = registered if registered is not None else registered_names()
     kind = type(dp)
     if kind in names:
         return names[kind]
@@ -52,7 +42,7 @@ def stage_labels(datapipe: IterDataPipe[Any]) -> dict[int, str]:
     name counted from the source: so the copy of the graph a worker runs (the graph without
     its main-process tail) labels its stages as the main process does.
     """
-    registered = _registered()
+    registered = registered_names()
     seen: dict[str, int] = {}
     labels: dict[int, str] = {}
     for dp in reversed(stages_of(datapipe)):
