@@ -71,6 +71,9 @@ def test_the_report_names_a_deliberately_slow_stage(workers):
         assert "MultiProcessingReadingService" in found.text
 
 
+# Timing-dependent (what a stack sampler sees in a quarter of a second, on ranks sharing 2 cores):
+# failed 1 run in 3 on a quiet machine, so it runs in tox -e slow, not in the deterministic default.
+@pytest.mark.slow
 def test_the_sampler_keeps_its_cpu_within_its_budget():
     dl = DataLoader2(_slow_graph())
     telemetry = dl.watch(interval=0.001)  # asks for a look every millisecond
@@ -260,6 +263,9 @@ def _rank_run(rank: int, world: int) -> dict:
 
 
 @pytest.mark.distributed
+# Timing-dependent (what a stack sampler sees in a quarter of a second, on ranks sharing 2 cores):
+# failed 1 run in 3 on a quiet machine, so it runs in tox -e slow, not in the deterministic default.
+@pytest.mark.slow
 def test_each_rank_has_its_own_snapshot():
     results = run_ranks(_rank_run, 2)
     for rank, out in enumerate(results):
