@@ -14,6 +14,7 @@ shuffle ran. That is what lets the loader resume an epoch by seeking instead of 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import chain, count
 from typing import TypeVar
 
 import numpy as np
@@ -73,6 +74,15 @@ def shuffle_draws(seed: int, start: int, count: int) -> np.ndarray:
     return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
+def _slots(seed: int, start: int, size: int) -> Iterator[int]:
+    """``int(d * size)`` for draws ``d`` number ``start, start + 1, ...``, without end."""
+
+    def block(d: int) -> list[int]:
+        return (shuffle_draws(seed, d, _BLOCK) * size).astype(np.int64).tolist()  # type: ignore[no-any-return]
+
+    return chain.from_iterable(map(block, count(start, _BLOCK)))
+
+
 def _stream(seed: int, start: int) -> Iterator[float]:
     d = start
     while True:
@@ -106,11 +116,14 @@ def buffered_shuffle(
         for item, slot in zip(buffer[: len(slots)], slots, strict=True):
             restored[slot] = item
         buffer = restored
-    draw = _stream(seed_, start).__next__
-    for x in it:
-        idx = int(draw() * buffer_size)
+    # While inputs arrive the buffer is full, so draw d picks slot int(draw * buffer_size):
+    # the slots are made a block at a time by numpy (the same float product, truncated) and
+    # handed out by C iterators; ``taken`` counts the draws used, for the tail's draws.
+    taken = count()
+    for x, idx, _ in zip(it, _slots(seed_, start, buffer_size), taken, strict=False):
         val, buffer[idx] = buffer[idx], x
         yield val
+    draw = _stream(seed_, start + next(taken)).__next__
     while buffer:
         yield buffer.pop(int(draw() * len(buffer)))
 

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator
+from itertools import chain
 from typing import Any, TypeVar
 
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter import Batcher, Filter, Mapper, Shuffler
 
 from shardpipes.datapipes.iter.base import StageIterDataPipe
+from shardpipes.datapipes.iter.decode import decoded_parts
 from shardpipes.datapipes.iter.webdataset import WebDatasetIterDataPipe, materialize
 from shardpipes.plan.epoch import Resume
 from shardpipes.plan.readers import batches
@@ -103,7 +105,10 @@ class LeanShufflerIterDataPipe(StageIterDataPipe[T]):
                 out = x if type(x) is dict else materialize(x)  # type: ignore[arg-type]
                 yield out
             return
-        yield from buffered_shuffle(source, draws, self.buffer_size)
+        parts = decoded_parts(source)
+        # Straight from decode(): its lists of samples flattened in C (no generator step each).
+        items = source if parts is None else chain.from_iterable(parts)
+        yield from buffered_shuffle(items, draws, self.buffer_size)
 
     def __len__(self) -> int:
         return len(self.datapipe)

@@ -14,7 +14,7 @@ from shardpipes.formats.decoders import decoders as decoder_table
 from shardpipes.formats.stream import StreamBytes
 from shardpipes.handlers import HandlerLike, SkipStats, resolve_handler
 
-__all__ = ["DEFAULT_DECODERS", "IMAGE_EXTENSIONS", "DecoderIterDataPipe"]
+__all__ = ["DEFAULT_DECODERS", "IMAGE_EXTENSIONS", "DecoderIterDataPipe", "decoded_parts"]
 
 Sample = dict[str, Any]
 ImageMode = Literal["pil", "numpy", "torch"]
@@ -139,6 +139,20 @@ class DecoderIterDataPipe(StageIterDataPipe[Sample]):
         self.skipped = SkipStats()
 
     def __iter__(self) -> Iterator[Sample]:
+        for part in self._parts():
+            yield from part
+
+    def parts(self) -> Iterator[list[Sample]]:
+        """The samples of ``__iter__``, in lists (runs decoded together, others one by one).
+
+        For a stage that reads this one's samples in a loop of its own (the lean shuffle): it
+        flattens the lists in C, with no generator step per sample. Starts an iteration as
+        ``iter()`` does.
+        """
+        self.reset()
+        return self._parts()
+
+    def _parts(self) -> Iterator[list[Sample]]:
         table = self.table
         # Field name -> decoder (None: keep bytes). Field names repeat in every sample, so the
         # extension is parsed once per name, not once per sample.
@@ -163,7 +177,7 @@ class DecoderIterDataPipe(StageIterDataPipe[Sample]):
             samples = src.decoded(columns)
         for sample in samples:
             if type(sample) is list:
-                yield from sample
+                yield sample
                 continue
             out = dict(sample)
             try:
@@ -183,7 +197,7 @@ class DecoderIterDataPipe(StageIterDataPipe[Sample]):
                 if policy(exc, exc.url, self.skipped):
                     continue
                 return
-            yield out
+            yield [out]
 
 
 def _fuses(src: Any) -> TypeGuard[WebDatasetIterDataPipe]:
@@ -208,3 +222,16 @@ def _decode_error(sample: Sample, field: str, exc: Exception) -> DecodeError:
         url=url,
         key=key,
     )
+
+
+def decoded_parts(src: Any) -> Iterator[list[Sample]] | None:
+    """``src.parts()`` when ``src`` is a plain ``decode()`` stage, else ``None``."""
+    kind = type(src)
+    if (
+        isinstance(src, DecoderIterDataPipe)
+        and kind.__iter__ is DecoderIterDataPipe.__iter__
+        and kind._parts is DecoderIterDataPipe._parts
+        and kind.parts is DecoderIterDataPipe.parts
+    ):
+        return src.parts()
+    return None

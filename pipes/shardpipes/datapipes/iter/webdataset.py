@@ -14,6 +14,7 @@ from shardpipes.datapipes.iter.base import StageIterDataPipe, register
 from shardpipes.datapipes.iter.tar import TarArchiveLoaderIterDataPipe
 from shardpipes.errors import SampleFormatError, SkippedInputWarning
 from shardpipes.formats import placed
+from shardpipes.formats.decoders import decode_int
 from shardpipes.formats.samples import duplicate_field, key_again, no_extension, split_key
 from shardpipes.formats.stream import StreamBytes
 from shardpipes.formats.tarparse import BLOCK, Run, Span, TarEntry, entries_of, slicer
@@ -554,7 +555,11 @@ def _decoded(
             cols.append(placed.values(where, piece, at[r::m], sizes[r::m]))
             continue
         data = map(piece, map(slice, at[r::m], ends[r::m]))
-        cols.append(list(map(StreamBytes, data) if fn is None else map(fn, map(bytes, data))))
+        if fn is None:
+            cols.append(list(map(StreamBytes, data)))
+        else:
+            # decode_int is int(): the builtin itself, with no Python frame per value.
+            cols.append(list(map(int if fn is decode_int else fn, map(bytes, data))))
     return cols
 
 
