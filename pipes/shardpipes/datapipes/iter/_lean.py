@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator
-from itertools import chain
+from itertools import chain, islice
 from typing import Any, TypeVar
 
 from torch.utils.data import IterDataPipe
@@ -79,9 +79,21 @@ class LeanShufflerIterDataPipe(StageIterDataPipe[T]):
         return self
 
     def __iter__(self) -> Iterator[T]:
+        yield from self._shuffled()
+
+    def shuffled(self) -> Iterator[T]:
+        """What iterating this stage yields, with no generator step of this stage per item.
+
+        For the batch stage reading straight from this one: it calls this when its own
+        iteration starts, as its first ``next()`` would have started this stage's. Starts an
+        iteration as ``iter()`` does.
+        """
+        self.reset()
+        return self._shuffled()
+
+    def _shuffled(self) -> Iterator[T]:
         if not self._enabled:
-            yield from self.datapipe
-            return
+            return iter(self.datapipe)
         rng = self._rng
         # Iterated again without a new seed (e.g. restarted by fixed_length): torch would draw a
         # seed from its global RNG; we draw it from this stage's own generator, so it stays
@@ -100,18 +112,21 @@ class LeanShufflerIterDataPipe(StageIterDataPipe[T]):
         if isinstance(source, WebDatasetIterDataPipe):
             # The buffer holds deferred samples (a window of the shard and offsets, which the
             # garbage collector never visits); each is made into its dict as it leaves.
-            out: Any
-            for x in buffered_shuffle(source.deferred(), draws, self.buffer_size):
-                out = x if type(x) is dict else materialize(x)  # type: ignore[arg-type]
-                yield out
-            return
+            return _materialized(buffered_shuffle(source.deferred(), draws, self.buffer_size))
         parts = decoded_parts(source)
         # Straight from decode(): its lists of samples flattened in C (no generator step each).
         items = source if parts is None else chain.from_iterable(parts)
-        yield from buffered_shuffle(items, draws, self.buffer_size)
+        return buffered_shuffle(items, draws, self.buffer_size)
 
     def __len__(self) -> int:
         return len(self.datapipe)
+
+
+def _materialized(items: Iterator[Any]) -> Iterator[Any]:
+    out: Any
+    for x in items:
+        out = x if type(x) is dict else materialize(x)
+        yield out
 
 
 class LeanBatcherIterDataPipe(StageIterDataPipe[Any]):
@@ -123,6 +138,8 @@ class LeanBatcherIterDataPipe(StageIterDataPipe[Any]):
     def __init__(
         self, datapipe: IterDataPipe[Any], batch_size: int, drop_last: bool, wrapper_class: Any
     ) -> None:
+        if batch_size <= 0:  # torch's Batcher refuses it too
+            raise ValueError(f"batch_size ({batch_size}) should be at least 1")
         self.datapipe = datapipe
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -130,13 +147,14 @@ class LeanBatcherIterDataPipe(StageIterDataPipe[Any]):
 
     def __iter__(self) -> Iterator[Any]:
         size, wrap = self.batch_size, self.wrapper_class
-        batch: list[Any] = []
-        for x in self.datapipe:
-            batch.append(x)
-            if len(batch) == size:
-                yield wrap(batch)
-                batch = []
-        if batch and not self.drop_last:
+        src = self.datapipe
+        items = src.shuffled() if type(src) is LeanShufflerIterDataPipe else iter(src)
+        while True:
+            batch = list(islice(items, size))  # taken in C, not one loop step per item
+            if len(batch) < size:
+                if batch and not self.drop_last:
+                    yield wrap(batch)
+                return
             yield wrap(batch)
 
     def __len__(self) -> int:
