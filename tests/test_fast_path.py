@@ -11,7 +11,10 @@ ones with every anomaly the general path reports):
 - ``decode()`` straight over ``webdataset()`` (runs of samples decoded from the shard's
   bytes) against ``decode()`` of the samples: the same samples, values, skips and errors;
 - the lean shuffle holding deferred samples against the same shuffle over the samples
-  themselves: the same order.
+  themselves: the same order;
+- the shuffle's slots made a block of draws at a time against one draw per item, and the lean
+  shuffle and batch reading ``decode()``'s runs (and the shuffle's own iterator) against the
+  same stages over a source they cannot fuse with: the same batches and errors.
 """
 
 from __future__ import annotations
@@ -28,10 +31,10 @@ from hypothesis import strategies as st
 from _hyp import budget
 from _tars import tar_bytes, write_bytes
 from shardpipes.datapipes.iter import IterableWrapper
-from shardpipes.datapipes.iter._lean import LeanShufflerIterDataPipe
+from shardpipes.datapipes.iter._lean import LeanBatcherIterDataPipe, LeanShufflerIterDataPipe
 from shardpipes.errors import ShardpipesError
 from shardpipes.formats import tarblocks, tarheaders, tarparse
-from shardpipes.plan.seeds import buffered_shuffle
+from shardpipes.plan.seeds import buffered_shuffle, shuffle_draws
 
 pytestmark = pytest.mark.filterwarnings("ignore::shardpipes.errors.SkippedInputWarning")
 
@@ -377,3 +380,84 @@ def test_a_large_shard_takes_the_bulk_paths(tmp_path):
     assert all(
         s[".bin"] == b"%d" % i and s[".bin"].read() == b"%d" % i for i, s in enumerate(samples)
     )
+
+
+def _shuffle_one_draw_at_a_time(items, seed: int, buffer_size: int):
+    """The buffered shuffle as it was written first: one counter-based draw per item."""
+    it = iter(items)
+    buffer = []
+    for x in it:
+        buffer.append(x)
+        if len(buffer) == buffer_size:
+            break
+    draws = shuffle_draws(seed, 0, 3 * (len(items) + buffer_size + 1)).tolist()
+    d = 0
+    for x in it:
+        idx = int(draws[d] * buffer_size)
+        d += 1
+        val, buffer[idx] = buffer[idx], x
+        yield val
+    while buffer:
+        yield buffer.pop(int(draws[d] * len(buffer)))
+        d += 1
+
+
+@settings(max_examples=budget(60), deadline=None)
+@given(st.integers(0, 9000), st.sampled_from([1, 2, 7, 1000, 4096, 5000]), st.integers(0, 2**63))
+def test_shuffle_slots_made_in_blocks_are_the_draws_one_by_one(n, buffer_size, seed):
+    """buffered_shuffle's slots, made a numpy block at a time, give the order of one draw each
+    (across block boundaries: blocks are 4096 draws)."""
+    items = list(range(n))
+    assert list(buffered_shuffle(items, seed, buffer_size)) == list(
+        _shuffle_one_draw_at_a_time(items, seed, buffer_size)
+    )
+
+
+@settings(max_examples=budget(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.integers(0, 150),
+    st.lists(SAMPLE, min_size=1, max_size=100),
+    st.sampled_from([1, 7, 100]),
+    st.sampled_from([1, 3, 64]),
+    st.booleans(),
+    st.sampled_from(["raise", "skip"]),
+    st.booleans(),
+    st.integers(0, 2**32),
+)
+def test_shuffle_and_batch_over_decode_match_the_general_path(
+    tmp_path_factory, uniform, samples, buffer_size, batch_size, drop_last, handler, picky, seed
+):
+    """The lean shuffle reading decode()'s runs (parts()) and the lean batch reading the
+    shuffle's own iterator give the batches (and errors) of the same stages over a source
+    they cannot fuse with."""
+    # A run of samples of one shape first, with values every decoder takes (the picky one
+    # fails on some): runs decoded together, as in a large shard.
+    samples = [("s", (".cls", ".json", ".bin"), False)] * uniform + samples
+    values = {".cls": b"%d", ".json": b'{"n": %d}', ".txt": b"t%d"}
+    members = [
+        (name, values.get(name[name.find(".") :], b"b%d") % n)
+        for n, (name, _) in enumerate(_shard(samples, b"", padded=True))
+    ]
+    path = write_bytes(tmp_path_factory.mktemp("s") / "s.tar", tar_bytes(members))
+    decoders = {"cls": _picky} if picky else {}
+
+    def run(fused: bool):
+        tars = IterableWrapper([path, path]).open_files_by_fsspec(mode="rb").load_from_tar()
+        dp = tars.webdataset(handler="skip").decode(decoders=decoders, handler=handler)
+        if not fused:
+            dp = dp.map(_same)  # neither the shuffle nor the batch can fuse through map()
+        shuffled = LeanShufflerIterDataPipe(dp, buffer_size, True, seed)
+        batched = LeanBatcherIterDataPipe(shuffled, batch_size, drop_last, list)
+        if not fused:  # nor the batch through a shuffle it does not know
+            batched = LeanBatcherIterDataPipe(shuffled.map(_same), batch_size, drop_last, list)
+        got = []
+
+        def take():
+            for b in batched:
+                got.append([[(k, type(v), v) for k, v in s.items()] for s in b])
+            return len(got)
+
+        return _outcome(take), got
+
+    with _bulk_everywhere(True):  # runs of samples, as a large shard has
+        assert run(fused=True) == run(fused=False)
