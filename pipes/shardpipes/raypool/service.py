@@ -20,11 +20,13 @@ from typing import Any
 import torch.distributed as dist
 from torch.utils.data import IterDataPipe
 
+from shardpipes.dataloader2._stats import merge_skips, skips_from_dict
 from shardpipes.dataloader2.reading_service import MultiProcessingReadingService
 from shardpipes.errors import WorkerError
+from shardpipes.handlers import SkipStats
 from shardpipes.raypool.actors import NAMESPACE, PoolActor
 from shardpipes.raypool.lease import Dealer, Lease, LeaseTable
-from shardpipes.raypool.reader import seek_refusal
+from shardpipes.raypool.reader import InitFn, ResetFn, seek_refusal
 from shardpipes.raypool.sizing import SizingPolicy
 
 __all__ = ["RayReadingService", "SeekRefused"]
@@ -75,6 +77,12 @@ class RayReadingService(MultiProcessingReadingService):
         check_every: Messages between two looks at the pool's membership. Default: ``16``.
         sizing: Resize the pool from the trainer's wait for readers (rank 0 decides, every
             ``sizing.window`` items); ``None`` (default) leaves the size to :meth:`scale`.
+        worker_init_fn: ``fn(datapipe, worker_info) -> datapipe``, as the worker pool takes it:
+            run in the reader actor for logical reader ``worker_info.worker_id`` after its
+            sharding, each time the reader starts on an actor (a lease). Default: ``None``.
+        worker_reset_fn: ``fn(datapipe, worker_info, seed_generator) -> datapipe``: run for
+            the logical reader at the start of each lease, after the epoch's plan, with the
+            reader's seed generator (the one its worker process would get). Default: ``None``.
 
     Raises:
         ImportError: Ray is not installed, naming the extra.
@@ -94,6 +102,8 @@ class RayReadingService(MultiProcessingReadingService):
         timeout: float = 60,
         check_every: int = 16,
         sizing: SizingPolicy | None = None,
+        worker_init_fn: InitFn | None = None,
+        worker_reset_fn: ResetFn | None = None,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers should be >= 1, got {num_workers!r}")
@@ -102,7 +112,9 @@ class RayReadingService(MultiProcessingReadingService):
                 f"bundle ({bundle}), prefetch ({prefetch}) and check_every ({check_every}) "
                 "should be >= 1"
             )
-        super().__init__(num_workers)
+        super().__init__(
+            num_workers, worker_init_fn=worker_init_fn, worker_reset_fn=worker_reset_fn
+        )
         self.pool = pool
         self.readers = readers or num_workers
         self.reader_options = {"num_cpus": 1, "max_concurrency": 64, **(reader_options or {})}
@@ -119,10 +131,14 @@ class RayReadingService(MultiProcessingReadingService):
         self._gens: dict[int, Any] = {}  # fence -> the lease's streaming generator
         self._known: set[str] = set()  # reader actors this trainer has used
         self._losses: dict[tuple[int, int], int] = {}  # (reader, item) -> leases lost there
+        self._dealer: Dealer | None = None  # this epoch's
+        self._skips_before = SkipStats()  # what the readers skipped in the epochs before
+        self._unchecked: set[int] = set()  # fences of moved leases that seek (see _checked)
         #: Counters: ``items``, ``messages``, ``wait_s`` (trainer time waiting for readers),
-        #: ``released`` (leases replaced after a death), ``moved``, ``dropped`` (late items).
+        #: ``released`` (leases replaced after a death), ``moved``, ``dropped`` (late items),
+        #: ``replayed`` (leases started by replay because their reader had skipped samples).
         self.stats: dict[str, float] = dict.fromkeys(
-            ("items", "messages", "wait_s", "released", "moved", "dropped"), 0
+            ("items", "messages", "wait_s", "released", "moved", "dropped", "replayed"), 0
         )
 
     # --- the loader's calls -------------------------------------------------------------------
@@ -140,6 +156,14 @@ class RayReadingService(MultiProcessingReadingService):
             )
         self._seek = refusal is None
         return out
+
+    def skipped(self) -> SkipStats | None:
+        """What the stages skipped in the reader actors, as of the items yielded (all epochs)."""
+        if self._core is None:
+            return None
+        dealer = self._dealer
+        now = [skips_from_dict(m) for m in dealer.marks if m] if dealer is not None else []
+        return merge_skips([self._skips_before, *now])
 
     def scale(self, readers: int) -> list[str]:
         """Make the reader pool ``readers`` actors (from any trainer); return the active names."""
@@ -210,7 +234,8 @@ class RayReadingService(MultiProcessingReadingService):
             self._graph_ref = ray.put(self._core)
         world = dist.get_world_size() if len(self._generator.path) == 1 else 1
         table = LeaseTable(self.num_workers)
-        dealer = Dealer(table)
+        dealer = self._dealer = Dealer(table)
+        self._unchecked.clear()
         active, _ = self._membership()
         for reader in range(self.num_workers):
             self._start(table.grant(reader, active[reader % len(active)]), world)
@@ -227,6 +252,8 @@ class RayReadingService(MultiProcessingReadingService):
                     break
                 lease = table.maker(waiting, dealer.wanted(waiting))
                 assert lease is not None  # a reader always has a lease for its next item
+                if lease.fence in self._unchecked:
+                    lease = self._checked(lease, table, dealer, world)
                 self._pull(lease, table, dealer, world)
                 self._drop_retired(table)
                 pulls += 1
@@ -235,6 +262,34 @@ class RayReadingService(MultiProcessingReadingService):
         finally:
             self._cancel_all()
             self.stats["dropped"] = dealer.dropped
+            self._skips_before = merge_skips(
+                [self._skips_before, *(skips_from_dict(m) for m in dealer.marks if m)]
+            )
+            self._dealer = None
+
+    def _must_replay(self, dealer: Dealer, reader: int) -> bool:
+        """Whether ``reader`` skipped samples before its next item: then a lease starts by replay.
+
+        A seek counts positions in the index, and a sample skipped by a handler shifts every
+        item after it (docs/checkpointing.md); replay reproduces the skips.
+        """
+        seen = dealer.seen[reader]
+        return bool(seen and (seen["samples"] or seen["shards"]))
+
+    def _checked(self, lease: Lease, table: LeaseTable, dealer: Dealer, world: int) -> Lease:
+        """A moved lease that seeks, once its old lease delivered up to its switch item.
+
+        The move seeked to the switch item when its reader had skipped nothing; if the old
+        lease skipped samples before the switch, the seek is off: lease again by replay.
+        """
+        self._unchecked.discard(lease.fence)
+        if not self._must_replay(dealer, lease.reader):
+            return lease
+        self._cancel(lease.fence)
+        self.stats["replayed"] += 1
+        lease = table.replace(lease, lease.member, dealer.wanted(lease.reader))
+        self._start(lease, world, replay=True)
+        return lease
 
     def _size(self, table: LeaseTable) -> None:
         """Rank 0, every ``sizing.window`` items: resize the pool by the share of time it waited."""
@@ -266,7 +321,7 @@ class RayReadingService(MultiProcessingReadingService):
             )
             self._pool().scale.remote(want)
 
-    def _start(self, lease: Lease, world: int) -> None:
+    def _start(self, lease: Lease, world: int, *, replay: bool = False) -> None:
         assert self._generator is not None
         handle = self._handle(lease.member)
         self._gens[lease.fence] = handle.run.options(
@@ -280,7 +335,8 @@ class RayReadingService(MultiProcessingReadingService):
             lease.start,
             lease.fence,
             self.bundle,
-            not self._seek,
+            replay or not self._seek,
+            (self.worker_init_fn, self.worker_reset_fn),
         )
 
     def _pull(self, lease: Lease, table: LeaseTable, dealer: Dealer, world: int) -> None:
@@ -289,12 +345,13 @@ class RayReadingService(MultiProcessingReadingService):
         gen = self._gens[lease.fence]
         start = time.perf_counter()
         try:
-            # one call when the next message is there already (ray.wait first cost ~20% more
-            # trainer CPU per message); the public next(gen) has no time-out
-            ref = gen._next_sync(self.lease_timeout)
-            if ref.is_nil():
-                raise TimeoutError(f"no message in {self.lease_timeout} s")
-            bundle = ray.get(ref, timeout=self.lease_timeout)
+            # next(gen) has no time-out: wait on the generator first (ready when its next
+            # message is here, or when its stream ended or failed), unless it is ready already
+            if not gen.next_ready():
+                ready, _ = ray.wait([gen], timeout=self.lease_timeout)
+                if not ready:
+                    raise TimeoutError(f"no message in {self.lease_timeout} s")
+            bundle = ray.get(next(gen), timeout=self.lease_timeout)
         except StopIteration:  # a reader always sends its end: the actor went with the stream
             self._lost(lease, ConnectionError("the stream ended early"), table, dealer, world)
             return
@@ -308,7 +365,7 @@ class RayReadingService(MultiProcessingReadingService):
         finally:
             self.stats["wait_s"] += time.perf_counter() - start
         self.stats["messages"] += 1
-        dealer.offer(lease, bundle.start, bundle.items, bundle.end)
+        dealer.offer(lease, bundle.start, bundle.items, bundle.end, bundle.skips)
 
     def _lost(
         self, lease: Lease, exc: Exception, table: LeaseTable, dealer: Dealer, world: int
@@ -347,7 +404,9 @@ class RayReadingService(MultiProcessingReadingService):
         self._known.discard(lease.member)
         member = _least_loaded(live, table)
         self.stats["released"] += 1
-        self._start(table.replace(lease, member, dealer.wanted(lease.reader)), world)
+        replay = self._must_replay(dealer, lease.reader)
+        self.stats["replayed"] += replay
+        self._start(table.replace(lease, member, dealer.wanted(lease.reader)), world, replay=replay)
 
     def _rebalance(self, table: LeaseTable, dealer: Dealer, world: int) -> None:
         """Move readers off leaving actors and onto new ones, make-before-break."""
@@ -373,7 +432,12 @@ class RayReadingService(MultiProcessingReadingService):
             if not off and load[member] - load[least] < 2:
                 continue
             switch = dealer.wanted(reader) + self.bundle * 2
-            self._start(table.move(reader, least, switch), world)
+            moved = table.move(reader, least, switch)
+            replay = self._must_replay(dealer, reader)
+            if not replay and self._seek:  # checked when its turn comes (_checked)
+                self._unchecked.add(moved.fence)
+            self.stats["replayed"] += replay
+            self._start(moved, world, replay=replay)
             load[least] += 1
             if not off:
                 load[member] -= 1
