@@ -122,7 +122,9 @@ class Dealer:
 
     :meth:`offer` takes a bundle's items (``start`` is the index of the first); :meth:`deal`
     yields items while the next reader in the rotation has its next item, and says which
-    reader it waits for otherwise.
+    reader it waits for otherwise. The caller takes a lease's messages only once the lease
+    makes its reader's next item (:meth:`LeaseTable.maker`): the items of a lease taken
+    before its start would be dropped, and its stream does not send them again.
 
     A bundle may carry **marks** ``(n, value)``: a value of its reader as of its first ``n``
     items (the reader's skip counters). A mark is kept only with the items it follows, so
