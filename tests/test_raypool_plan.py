@@ -403,3 +403,18 @@ def test_sizing_policy_grows_and_shrinks_within_bounds():
     assert p.next_size(5, waited=0.1) == 5
     with pytest.raises(ValueError, match="shrink_below"):
         SizingPolicy(grow_above=0.01, shrink_below=0.1)
+
+
+def test_the_wait_window_feeds_the_policy_the_share_of_time_waited():
+    """The trainer's wait per step, over a window of items, is what the sizing policy decides on."""
+    from shardpipes.raypool import SizingPolicy
+    from shardpipes.raypool.sizing import WaitWindow
+
+    policy = SizingPolicy(window=4, grow_above=0.2, shrink_below=0.05)
+    window = WaitWindow(policy.window)
+    # (clock, total wait, items): 8 steps of 10 ms, waiting 5 ms per step, then 0.1 ms
+    steps = [(0.01 * i, 0.005 * i, i) for i in range(5)]
+    steps += [(0.04 + 0.01 * i, 0.02 + 0.0001 * i, 4 + i) for i in range(1, 5)]
+    shares = [x for x in (window.add(*s) for s in steps) if x is not None]
+    assert shares == pytest.approx([0.5, 0.01])
+    assert [policy.next_size(4, waited=x) for x in shares] == [8, 3]

@@ -27,7 +27,7 @@ from shardpipes.handlers import SkipStats
 from shardpipes.raypool.actors import NAMESPACE, PoolActor
 from shardpipes.raypool.lease import Dealer, Lease, LeaseTable
 from shardpipes.raypool.reader import InitFn, ResetFn, seek_refusal
-from shardpipes.raypool.sizing import SizingPolicy
+from shardpipes.raypool.sizing import SizingPolicy, WaitWindow
 
 __all__ = ["RayReadingService", "SeekRefused"]
 
@@ -124,7 +124,7 @@ class RayReadingService(MultiProcessingReadingService):
         self.lease_timeout = timeout
         self.check_every = check_every
         self.sizing = sizing
-        self._window = (0.0, 0.0, 0)  # (wall, wait_s, items) at the start of a sizing window
+        self._window = WaitWindow(sizing.window) if sizing is not None else None
         self._trainer = uuid.uuid4().hex[:12]
         self._pool_actor: Any = None
         self._graph_ref: Any = None
@@ -136,10 +136,13 @@ class RayReadingService(MultiProcessingReadingService):
         self._unchecked: set[int] = set()  # fences of moved leases that seek (see _checked)
         #: Counters: ``items``, ``messages``, ``wait_s`` (trainer time waiting for readers),
         #: ``released`` (leases replaced after a death), ``moved``, ``dropped`` (late items),
-        #: ``replayed`` (leases started by replay because their reader had skipped samples).
+        #: ``replayed`` (leases started by replay because their reader had skipped samples),
+        #: ``wait_share`` (with ``sizing``: the last window's share of the trainer's time spent
+        #: waiting, what the policy decided on). The wait per step is ``wait_s / items``.
         self.stats: dict[str, float] = dict.fromkeys(
             ("items", "messages", "wait_s", "released", "moved", "dropped", "replayed"), 0
         )
+        self.stats["wait_share"] = 0.0
 
     # --- the loader's calls -------------------------------------------------------------------
 
@@ -296,15 +299,13 @@ class RayReadingService(MultiProcessingReadingService):
         assert self.sizing is not None and self._generator is not None
         if self._generator.path[:1] not in ((), (0,)):
             return
-        now = time.perf_counter()
-        start, waited, items = self._window
-        if not items and not start:
-            self._window = (now, self.stats["wait_s"], int(self.stats["items"]))
+        assert self._window is not None
+        share = self._window.add(
+            time.perf_counter(), self.stats["wait_s"], int(self.stats["items"])
+        )
+        if share is None:
             return
-        if self.stats["items"] - items < self.sizing.window:
-            return
-        share = (self.stats["wait_s"] - waited) / max(now - start, 1e-9)
-        self._window = (now, self.stats["wait_s"], int(self.stats["items"]))
+        self.stats["wait_share"] = share
         current = len({le.member for le in table.all()})
         want = self.sizing.next_size(current, waited=share)
         if want != current:
