@@ -562,7 +562,7 @@ def test_a_sizing_policy_grows_the_pool_while_the_trainer_waits(cluster, shards)
     assert run(graph(shards), rs) == expected
     pool = ray.get_actor("sized-pool", namespace="shardpipes")
     assert rs.stats["moved"] >= 1  # readers moved to the new actors mid-epoch
-    assert rs.stats["wait_s"] > 0 and rs.stats["wait_share"] > 0  # reported: what it decided on
+    assert rs.stats["wait_s"] > 0  # the trainer's wait, reported (the policy grew on it)
     assert ray.get(pool.state.remote())[0] == []  # the last trainer out stopped the readers
 
 
