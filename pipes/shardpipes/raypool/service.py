@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,8 +23,9 @@ from shardpipes.dataloader2._stats import merge_skips, skips_from_dict
 from shardpipes.dataloader2.reading_service import MultiProcessingReadingService
 from shardpipes.errors import WorkerError
 from shardpipes.handlers import SkipStats
-from shardpipes.raypool.actors import NAMESPACE, PoolActor
 from shardpipes.raypool.lease import Dealer, Lease, LeaseTable
+from shardpipes.raypool.membership import PoolClient
+from shardpipes.raypool.membership import import_ray as _ray
 from shardpipes.raypool.reader import InitFn, ResetFn, seek_refusal
 from shardpipes.raypool.sizing import SizingPolicy, WaitWindow
 
@@ -40,14 +40,6 @@ class SeekRefused(ValueError):
 
 #: Leases of one logical reader lost at the same item before the trainer gives up.
 MAX_LOSSES = 4
-
-
-def _ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:
-        raise ImportError("RayReadingService needs Ray: pip install 'shardpipes[ray]'") from exc
-    return ray
 
 
 class RayReadingService(MultiProcessingReadingService):
@@ -125,11 +117,9 @@ class RayReadingService(MultiProcessingReadingService):
         self.check_every = check_every
         self.sizing = sizing
         self._window = WaitWindow(sizing.window) if sizing is not None else None
-        self._trainer = uuid.uuid4().hex[:12]
-        self._pool_actor: Any = None
+        self._members = PoolClient(pool, self.readers, self.reader_options, timeout)
         self._graph_ref: Any = None
         self._gens: dict[int, Any] = {}  # fence -> the lease's streaming generator
-        self._known: set[str] = set()  # reader actors this trainer has used
         self._losses: dict[tuple[int, int], int] = {}  # (reader, item) -> leases lost there
         self._dealer: Dealer | None = None  # this epoch's
         self._skips_before = SkipStats()  # what the readers skipped in the epochs before
@@ -170,62 +160,13 @@ class RayReadingService(MultiProcessingReadingService):
 
     def scale(self, readers: int) -> list[str]:
         """Make the reader pool ``readers`` actors (from any trainer); return the active names."""
-        ray = _ray()
-        names: list[str] = ray.get(self._pool().scale.remote(readers))
-        return names
+        return self._members.scale(readers)
 
     def finalize(self) -> None:
         """Stop this trainer's leases; the last trainer of the pool stops its readers."""
         self._cancel_all()
-        if self._pool_actor is not None:
-            ray = _ray()
-            try:
-                ray.get(self._pool_actor.bye.remote(self._trainer), timeout=self.lease_timeout)
-            except Exception as exc:  # the pool may be gone with its cluster
-                logger.warning("reader pool %s: bye failed: %s", self.pool, exc)
-            self._pool_actor = None
+        self._members.bye()
         super().finalize()
-
-    # --- the pool -----------------------------------------------------------------------------
-
-    def _pool(self) -> Any:
-        ray = _ray()
-        if self._pool_actor is None:
-            self._pool_actor = (
-                ray.remote(PoolActor)
-                .options(
-                    name=f"{self.pool}-pool",
-                    namespace=NAMESPACE,
-                    get_if_exists=True,
-                    lifetime="detached",
-                    max_restarts=-1,
-                    max_task_retries=-1,
-                    num_cpus=0,
-                )
-                .remote(self.pool, self.reader_options)
-            )
-            ray.get(self._pool_actor.hello.remote(self._trainer))
-            active, _, _ = ray.get(self._pool_actor.state.remote())
-            if not active:
-                ray.get(self._pool_actor.scale.remote(self.readers))
-        return self._pool_actor
-
-    def _membership(self) -> tuple[list[str], set[str]]:
-        """``(active, leaving)``; rebuilds a restarted pool from what this trainer knows."""
-        ray = _ray()
-        pool = self._pool()
-        active, leaving, restarted = ray.get(pool.state.remote(), timeout=self.lease_timeout)
-        if restarted or not active:
-            ray.get(pool.adopt.remote(sorted(self._known), self._trainer))
-            active, leaving, _ = ray.get(pool.state.remote(), timeout=self.lease_timeout)
-        if not active:
-            active = ray.get(pool.scale.remote(self.readers))
-        return list(active), set(leaving)
-
-    def _handle(self, name: str) -> Any:
-        ray = _ray()
-        self._known.add(name)
-        return ray.get_actor(name, namespace=NAMESPACE)
 
     # --- one epoch ----------------------------------------------------------------------------
 
@@ -239,7 +180,7 @@ class RayReadingService(MultiProcessingReadingService):
         table = LeaseTable(self.num_workers)
         dealer = self._dealer = Dealer(table)
         self._unchecked.clear()
-        active, _ = self._membership()
+        active, _ = self._members.membership()
         for reader in range(self.num_workers):
             self._start(table.grant(reader, active[reader % len(active)]), world)
         pulls = 0
@@ -320,11 +261,11 @@ class RayReadingService(MultiProcessingReadingService):
                 want,
                 100 * share,
             )
-            self._pool().scale.remote(want)
+            self._members.actor().scale.remote(want)
 
     def _start(self, lease: Lease, world: int, *, replay: bool = False) -> None:
         assert self._generator is not None
-        handle = self._handle(lease.member)
+        handle = self._members.handle(lease.member)
         self._gens[lease.fence] = handle.run.options(
             num_returns="streaming", _generator_backpressure_num_objects=self.prefetch
         ).remote(
@@ -390,19 +331,19 @@ class RayReadingService(MultiProcessingReadingService):
             ) from exc
         dead = {lease.member}
         try:
-            self._pool().dead.remote(lease.member)
+            self._members.actor().dead.remote(lease.member)
         except Exception:  # the pool restarting: the trainers rebuild it
             pass
         for _ in range(3):
-            active, _leaving = self._membership()
+            active, _leaving = self._members.membership()
             live = [m for m in active if m not in dead]
             if live:
                 break
             time.sleep(1)
-            ray.get(self._pool().scale.remote(self.readers))
+            ray.get(self._members.actor().scale.remote(self.readers))
         else:
             raise WorkerError(f"reader pool {self.pool}: no live reader actor left") from exc
-        self._known.discard(lease.member)
+        self._members.known.discard(lease.member)
         member = _least_loaded(live, table)
         self.stats["released"] += 1
         replay = self._must_replay(dealer, lease.reader)
@@ -413,7 +354,7 @@ class RayReadingService(MultiProcessingReadingService):
         """Move readers off leaving actors and onto new ones, make-before-break."""
         ray = _ray()
         try:
-            active, leaving = self._membership()
+            active, leaving = self._members.membership()
         except Exception as exc:  # the pool is restarting: look again next time
             logger.info("reader pool %s: membership not available (%s)", self.pool, exc)
             return
@@ -445,7 +386,7 @@ class RayReadingService(MultiProcessingReadingService):
             self.stats["moved"] += 1
         for name in leaving:
             if not table.on(name):
-                ray.get(self._pool().drained.remote(name, self._trainer))
+                ray.get(self._members.actor().drained.remote(name, self._members.trainer))
 
     def _drop_retired(self, table: LeaseTable) -> None:
         current = {le.fence for le in table.all()}
