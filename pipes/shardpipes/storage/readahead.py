@@ -156,8 +156,12 @@ class BlockQueue:
             while idx not in self.results:
                 if self.halt.is_set() or self.plan is None or self._past_end(idx):
                     return b""
-                if self.next_claim == idx and not pool.can_claim(self, idx):
-                    # Other streams hold the budget (this one is read out of order): fetch it here.
+                if self.next_claim == idx and (
+                    not pool.can_claim(self, idx) or pool.stuck_before(self)
+                ):
+                    # Other streams hold the budget (this one is read out of order), or an
+                    # earlier stream's next block does not fit and keeps this one's from being
+                    # claimed (blocks differ in size): fetch it here.
                     claim = pool.claim_one(self, idx, forced=True)
                     if claim is None:
                         return b""
@@ -311,6 +315,18 @@ class Readahead:
         if self.max_blocks is not None and self.blocks >= self.max_blocks:
             return False
         return self.max_bytes is None or self.held + length <= self.max_bytes
+
+    def stuck_before(self, q: BlockQueue) -> bool:
+        """Whether an earlier stream's next block waits for budget (so :meth:`claim` stops there)."""
+        for other in self.queues:
+            if other is q:
+                return False
+            if other.plan is None or other.halt.is_set() or other.in_flight >= other.max_in_flight:
+                continue
+            idx = other.next_claim
+            if not other._past_end(idx) and not self.can_claim(other, idx):
+                return True
+        return False
 
     def release(self, length: int, blocks: int) -> None:
         """``blocks`` claimed blocks of ``length`` bytes in all were taken or dropped."""
