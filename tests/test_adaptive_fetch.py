@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import shardpipes.storage.pool as pool_module
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.storage.adapt import Concurrency, block_for
-from shardpipes.storage.pool import fetch_limits, process_pool, set_fetch_limits
+from shardpipes.storage.pool import START_REQUESTS, fetch_limits, process_pool, set_fetch_limits
 
 MiB = 1 << 20
 
@@ -178,7 +178,7 @@ def test_latency_raises_the_requests_within_the_budget(fresh_pool, http_server):
     http_server.behaviour.latency = 0.05  # each request waits: more of them carry more
     assert _read_all(urls, block_size=block) == _digests(urls, objects)
     pool = process_pool()
-    start = 4
+    start = START_REQUESTS
     assert pool.concurrency.kept >= 1  # a raise paid and was kept
     assert pool.concurrency.requests > start
     assert http_server.flight.peak_requests > start  # the server saw them at once

@@ -65,6 +65,7 @@ __all__ = [
     "DEFAULT_FETCH_THREADS",
     "DEFAULT_OPEN_STREAMS",
     "DEFAULT_READAHEAD_BYTES",
+    "START_REQUESTS",
     "FetchLimits",
     "ProcessPool",
     "ReopeningFile",
@@ -82,7 +83,8 @@ DEFAULT_FETCH_THREADS = 32
 DEFAULT_OPEN_STREAMS = 16
 DEFAULT_READAHEAD_BYTES = 56 << 20
 _OPENERS = 2
-_START_REQUESTS = 4
+# Requests in flight at first: 6 blocks of 8 MiB and one more fill the default budget.
+START_REQUESTS = 6
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,7 @@ class ProcessPool:
     def __init__(self, limits: FetchLimits) -> None:
         self.limits = limits
         self.cond = threading.Condition()
-        self.concurrency = Concurrency(cap=limits.threads, start=_START_REQUESTS)
+        self.concurrency = Concurrency(cap=limits.threads, start=START_REQUESTS)
         self.held = 0
         self.blocks = 0
         self.peak_held = 0
