@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 import shardpipes.storage.pool as pool_module
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.storage.adapt import Concurrency, block_for
+from shardpipes.storage.link import measure_link
 from shardpipes.storage.pool import START_REQUESTS, fetch_limits, process_pool, set_fetch_limits
 
 MiB = 1 << 20
@@ -219,3 +220,17 @@ def test_automatic_blocks_cover_each_object_once_and_retries_resume_at_the_offse
                 assert r.range in {x.range for x in gets if x.fault is None}
     assert sum(r.fault == "drop" for r in http_server.log.gets()) == 3
     assert process_pool().peak_held <= 8 * MiB + 4 * MiB  # + the block a reader fetches itself
+
+
+@pytest.mark.http
+def test_the_link_is_measured_with_n_ranges_at_once(http_server):
+    objects = _objects(2, 1 * MiB + 5)
+    urls = [http_server.add(n, d) for n, d in objects.items()]
+    http_server.behaviour.latency = 0.02  # so that the requests overlap
+    link = measure_link(urls, requests=3, block_size=256 << 10)
+    assert (link.nbytes, link.object_bytes, link.ranges) == (2 * MiB + 10, 2 * MiB + 10, 10)
+    assert link.mb_per_s > 0
+    assert 1 <= http_server.flight.peak_requests <= 3
+    assert len(http_server.log.gets()) == 10  # one request per range, none repeated
+    with pytest.raises(ValueError, match="requests >= 1"):
+        measure_link(urls, requests=0)
