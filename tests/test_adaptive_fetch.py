@@ -41,7 +41,9 @@ def _run(c: Concurrency, latency: float, conn_rate: float, cap: float, block: in
         n = max(1, int(c.requests * reader_share))
         took = latency + block / min(conn_rate, cap / n)
         for _ in range(n):
-            c.finished(now, now + took, block)
+            c.started(now)
+        for _ in range(n):
+            c.finished(now + took, block)
         now += took
         seen.append(c.requests)
     return seen

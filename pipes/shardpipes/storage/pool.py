@@ -50,8 +50,10 @@ Examples:
 from __future__ import annotations
 
 import io
+import logging
 import os
 import threading
+import time
 import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -74,8 +76,8 @@ __all__ = [
     "set_fetch_limits",
 ]
 
-# At most 32 requests in flight: enough for 50 ms and 50 MB/s per connection at 2 MiB blocks
-# (docs/performance.md, "An object store far away"); how many run is measured (adapt.py).
+# At most 32 requests in flight (room for a larger budget or smaller blocks than the default's
+# 13 x 4 MiB); how many run is measured (adapt.py, docs/cloud-storage.md).
 # 56 MiB of read-ahead per process: what one reader held before the budget was the process's
 # (with the 8 MiB block being read: 64 MiB). 16 streams: one reader's current shard and the
 # shards it opens ahead (at most 8), with room for a few sources read in turn.
@@ -113,6 +115,8 @@ class FetchLimits:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"fetch limit {name} should be an integer >= 1, got {value!r}")
 
+
+logger = logging.getLogger(__name__)
 
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -204,11 +208,20 @@ class ProcessPool:
         self.blocks += blocks
         self.peak_held = max(self.peak_held, self.held)
 
-    def finished(self, start: float, end: float, nbytes: int) -> None:
-        """A request carried ``nbytes`` from ``start`` to ``end`` (seconds): learn from it."""
-        before = self.concurrency.requests
-        self.concurrency.finished(start, end, nbytes)
-        if self.concurrency.requests != before:
+    def started(self) -> None:
+        """A request starts now."""
+        self.concurrency.started(time.monotonic())
+
+    def finished(self, nbytes: int) -> None:
+        """A request ends now, having carried ``nbytes`` (``0``: it failed): learn from it."""
+        c = self.concurrency
+        before = c.requests
+        c.finished(time.monotonic(), nbytes)
+        if c.requests != before:
+            logger.debug(
+                "requests in flight %d -> %d (window %d: %.1f MB/s, %.1f in flight)",
+                before, c.requests, c.windows, c.last_rate / 1e6, c.last_in_flight,
+            )  # fmt: skip
             self.changed()
 
     # -- fetch threads (under self.cond) --

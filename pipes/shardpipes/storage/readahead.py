@@ -28,7 +28,6 @@ they are read; its ``yield`` order and errors are those of opening one URL after
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -56,12 +55,15 @@ __all__ = [
 # Chosen with benchmarks/object_store.py (docs/performance.md, "An object store far away"):
 # a process holds at most 56 MiB ahead (its budget, DEFAULT_READAHEAD_BYTES) + the block being
 # read, 8 MiB at most = 64 MiB; the requests in flight are learnt (adapt.py), and the automatic
-# blocks shrink as they rise (2 MiB at the least), so that they fit in the same budget.
+# blocks shrink as they rise (4 MiB at the least), so that they fit in the same budget.
 AUTO_MAX_BYTES = DEFAULT_READAHEAD_BYTES
 AUTO_REQUESTS = DEFAULT_FETCH_THREADS  # a reader alone may use every fetch thread of the process
 AUTO_MAX_BLOCK = 8 << 20
 _MIN_AUTO_BLOCK = 1 << 20
-_MIN_ADAPTED_BLOCK = 2 << 20  # smaller blocks only for smaller objects (request costs, S3 bills)
+# Raising the requests shrinks the automatic blocks down to 4 MiB, no further: each request
+# costs CPU at both ends (and S3 bills it); 13 of them fit in the default budget, enough for
+# 400 MB/s at 50 ms and 50 MB/s per connection. Smaller objects keep their smaller blocks.
+_MIN_ADAPTED_BLOCK = 4 << 20
 _AUTO_BLOCKS_PER_OBJECT = 4
 _MAX_SHARDS_AHEAD = 8
 
@@ -86,7 +88,7 @@ def auto_block_size(size: int | None) -> int:
 def adapted_block_size(size: int | None, shared: ProcessPool) -> int:
     """:func:`auto_block_size`, smaller when the process keeps more requests in flight.
 
-    So many blocks, and one more, fit in the process's budget (at least 2 MiB, unless the
+    So many blocks, and one more, fit in the process's budget (at least 4 MiB, unless the
     object is smaller): more requests at once do not mean more memory.
     """
     largest = auto_block_size(size)
@@ -131,11 +133,6 @@ class BlockQueue:
             self.fetch, self.plan, self.on_result = fetch, plan, on_result
             self.max_in_flight = max(1, max_in_flight)
             self.pool.changed()
-
-    @property
-    def parallel(self) -> bool:
-        """Whether several requests of this stream may run at once (its timings teach the pool)."""
-        return self.max_in_flight > 1
 
     def widen(self, max_in_flight: int) -> None:
         """Let up to ``max_in_flight`` requests of this stream run at once (once ranges are known)."""
@@ -351,6 +348,7 @@ class Readahead:
         self.held += length
         self.blocks += 1
         self.shared.hold(length, 1)
+        self.shared.started()  # the fetch follows the claim at once (fetch_claimed)
         self.in_flight += 1
         self.requests += 1
         self.peak_bytes = max(self.peak_bytes, self.held)
@@ -382,17 +380,14 @@ class Readahead:
         """Fetch a claimed block (without the lock) and hand it over."""
         assert q.fetch is not None
         result: bytes | BaseException
-        began = time.monotonic()
         try:
             result = q.fetch(offset, length, q.halt)
         except BaseException as exc:  # handed to the stream, raised at its position
             result = exc
-        ended = time.monotonic()
         with self.cond:
             self.in_flight -= 1
             q.in_flight -= 1
-            if isinstance(result, bytes) and result and q.parallel:
-                self.shared.finished(began, ended, len(result))
+            self.shared.finished(len(result) if isinstance(result, bytes) else 0)
             if q.on_result is not None and not q.halt.is_set():
                 q.on_result(idx, result)
             if not q.halt.is_set():
