@@ -49,7 +49,8 @@ class Concurrency:
         cap: The most requests in flight (the process's fetch threads).
         start: Requests at first. Default: ``4``.
         grow: Factor of a raise. Default: ``2``.
-        gain: Throughput must rise by this factor for a raise to be kept. Default: ``1.1``.
+        gain: Throughput must rise by this factor for a raise to be kept (a quarter of what a
+            doubling gives where each request adds its own connection's rate). Default: ``1.25``.
         busy: A window counts only when the requests were in flight this fraction of the
             count allowed on average. Default: ``0.7``.
         settle: Windows at a kept count before one raise is tried again. Default: ``8``.
@@ -71,7 +72,7 @@ class Concurrency:
         cap: int,
         start: int = 4,
         grow: float = 2.0,
-        gain: float = 1.1,
+        gain: float = 1.25,
         busy: float = 0.7,
         settle: int = 8,
     ) -> None:
