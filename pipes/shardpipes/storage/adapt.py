@@ -8,7 +8,7 @@ advance, and all change with the store and the machine; so :class:`Concurrency` 
 starts at a few requests, measures throughput over a window of finished requests (after one
 window to settle whenever the count changed), and doubles the count while throughput rises
 with it; when a raise brings no gain, it goes back to the count before and stays, trying one
-raise again every ``settle`` windows (so a store that grows slower later gets more requests).
+raise again every ``settle`` windows (so a store that gets slower later gets more requests).
 
 A window in which the requests were not in flight as often as allowed (the reader was slow,
 or the memory budget was full of blocks not yet read) says nothing about the link: it
