@@ -54,16 +54,17 @@ __all__ = [
 
 # Chosen with benchmarks/object_store.py (docs/performance.md, "An object store far away"):
 # a process holds at most 56 MiB ahead (its budget, DEFAULT_READAHEAD_BYTES) + the block being
-# read, 8 MiB at most = 64 MiB; the requests in flight are learnt (adapt.py), and the automatic
-# blocks shrink as they rise (4 MiB at the least), so that they fit in the same budget.
+# read, 8 MiB at most = 64 MiB; the requests in flight are learnt (adapt.py), within it.
 AUTO_MAX_BYTES = DEFAULT_READAHEAD_BYTES
 AUTO_REQUESTS = DEFAULT_FETCH_THREADS  # a reader alone may use every fetch thread of the process
 AUTO_MAX_BLOCK = 8 << 20
 _MIN_AUTO_BLOCK = 1 << 20
-# Raising the requests shrinks the automatic blocks down to 4 MiB, no further: each request
-# costs CPU at both ends (and S3 bills it); 13 of them fit in the default budget, enough for
-# 400 MB/s at 50 ms and 50 MB/s per connection. Smaller objects keep their smaller blocks.
-_MIN_ADAPTED_BLOCK = 4 << 20
+# How far raising the requests may shrink the automatic blocks to fit more of them in the
+# budget: not below the automatic size. Shrinking them to 4 MiB (13 fit in 56 MiB) cost the
+# server (moto copies the whole object per request) and the reader more CPU than it saved on
+# the 2-core benchmark machine, in three runs against the code before (docs/performance.md);
+# so the count rises where blocks are small (small objects, or block_size) or the budget large.
+_MIN_ADAPTED_BLOCK = AUTO_MAX_BLOCK
 _AUTO_BLOCKS_PER_OBJECT = 4
 _MAX_SHARDS_AHEAD = 8
 
@@ -88,8 +89,9 @@ def auto_block_size(size: int | None) -> int:
 def adapted_block_size(size: int | None, shared: ProcessPool) -> int:
     """:func:`auto_block_size`, smaller when the process keeps more requests in flight.
 
-    So many blocks, and one more, fit in the process's budget (at least 4 MiB, unless the
-    object is smaller): more requests at once do not mean more memory.
+    So many blocks, and one more, fit in the process's budget, down to ``_MIN_ADAPTED_BLOCK``
+    (now the automatic size itself: blocks do not shrink, see its comment); more requests at
+    once never mean more memory: what does not fit waits.
     """
     largest = auto_block_size(size)
     requests = shared.concurrency.requests  # one int: read without the lock
