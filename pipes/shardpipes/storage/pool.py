@@ -17,9 +17,8 @@ one source or many:
 - **read-ahead bytes**: blocks in flight or fetched and not yet read, over every stream of
   every reader of the process, stay within ``readahead_bytes`` (one budget per process, not
   per stream or reader), plus the block each reading thread holds and one a reading thread
-  fetches itself when the budget is full of other streams' blocks. The more requests are in
-  flight, the smaller the automatic blocks (:func:`~shardpipes.storage.adapt.block_for`), so
-  that raising the count does not raise the memory.
+  fetches itself when the budget is full of other streams' blocks. Raising the count never
+  raises the memory: a block that does not fit waits.
 - **opener threads** (``shardpipes-open``): at most ``openers`` per process look up the next
   shards of every lane, so that their first blocks can be requested ahead.
 - **open streams**: at most ``streams`` remote streams per process hold a read-ahead queue or a
@@ -76,8 +75,8 @@ __all__ = [
     "set_fetch_limits",
 ]
 
-# At most 32 requests in flight (room for a larger budget or smaller blocks than the default's
-# 13 x 4 MiB); how many run is measured (adapt.py, docs/cloud-storage.md).
+# At most 32 requests in flight (31 blocks of 1.75 MiB fit in the default budget, or more of
+# 8 MiB in a larger one); how many run is measured (adapt.py, docs/cloud-storage.md).
 # 56 MiB of read-ahead per process: what one reader held before the budget was the process's
 # (with the 8 MiB block being read: 64 MiB). 16 streams: one reader's current shard and the
 # shards it opens ahead (at most 8), with room for a few sources read in turn.

@@ -217,8 +217,8 @@ class RemoteStream(io.RawIOBase):
         self.attempts = 0
         self._fs, self._path = fs, path
         self._pool = queue.pool.shared if queue is not None else process_pool()
-        # Automatic blocks shrink as the process keeps more requests in flight (same budget):
-        # each block's size is chosen when it is first planned.
+        # Automatic blocks: each block's size is chosen when it is first planned
+        # (adapted_block_size: what the process's count and budget allow now).
         self._auto_block = block_size is None and size is not None
         self._block_size = block_size or adapted_block_size(size, self._pool)
         self._readahead = readahead

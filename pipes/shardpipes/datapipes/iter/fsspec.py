@@ -194,7 +194,7 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
         open_kwargs: Passed to ``fs.open`` for local files and for remote servers that cannot
             serve ranges (for example ``encoding``). ``kwargs_for_open`` is 0.9's name for it.
         block_size: Bytes per range request, or ``None``: a quarter of each object, within
-            1-8 MiB, smaller (at least 4 MiB) as more requests run at once. Default: ``None``.
+            1-8 MiB. Default: ``None``.
         readahead: Blocks in flight or ready ahead of the reader, across shard boundaries
             (as many requests at once); ``0`` fetches in the reading thread and opens no shard
             ahead; ``None``: within the process's read-ahead budget, as many requests at once
