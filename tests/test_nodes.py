@@ -10,9 +10,10 @@ from torchdata.nodes import Loader, ParallelMapper
 
 from _dist import run_ranks
 from _graphs import id_graph
-from shardpipes.dataloader2 import DataLoader2
+from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.nodes import World, as_node
+from shardpipes.plan.restore import Topology
 from shardpipes.synthetic import write_synthetic
 
 TOTAL = 11 + 13 + 17 + 19 + 23 + 29 + 31
@@ -71,9 +72,16 @@ def test_workers_of_a_rank_split_the_shards(shard_pattern):
     assert sorted(parts[0] + parts[1]) == list(range(TOTAL))
 
 
-def test_world_validates():
-    with pytest.raises(ValueError, match=r"rank\(3\) should be in \[0, world_size\(2\)\)"):
-        World(rank=3, world_size=2)
+def test_world_is_a_reader_of_the_loaders_one_topology_and_validates():
+    node = as_node(IterableWrapper(range(4)), worker=1, num_workers=2)
+    assert node.world == World(Topology(readers_per_rank=2), worker=1)
+    assert node.world.topology.same_split(MultiProcessingReadingService(2).topology())
+    with pytest.raises(ValueError, match=r"0 <= rank < ranks, got ranks=2, readers_per_rank=0"):
+        as_node(IterableWrapper(range(4)), rank=3, world_size=2)
+    with pytest.raises(
+        ValueError, match=r"worker\(2\) should be in \[0, max\(num_workers\(2\), 1\)\)"
+    ):
+        World(Topology(readers_per_rank=2), worker=2)
 
 
 def test_parallel_mapper_inside_a_graph_keeps_order():

@@ -28,51 +28,53 @@ from shardpipes.dataloader2.graph import (
     lean_graph,
     refuse_unsupported,
 )
+from shardpipes.datapipes.iter.base import traits_of
 from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe, gloo_group
 from shardpipes.plan.epoch import EpochPlan
+from shardpipes.plan.restore import Topology
 
 __all__ = ["DataPipeNode", "World", "as_node"]
 
 
 @dataclass(frozen=True)
 class World:
-    """Which reader this process is, as the reading services of ``DataLoader2`` would make it.
+    """Which reader this process is: reader ``worker`` of a rank of ``topology``.
 
-    ``rank`` of ``world_size``; ``distributed``: whether a ``DistributedReadingService`` would
-    run it (it spawns the rank into the seed path even on one rank); ``worker`` of
-    ``num_workers`` worker processes (``0``: the rank's own process, no worker part).
+    ``topology`` is the loader's one topology value (:class:`~shardpipes.plan.restore.Topology`,
+    what reading services answer and states record): ``ranks`` ranks (``rank`` is this one's),
+    ``readers_per_rank`` worker processes each (``0``: the rank's own process, no worker part),
+    and ``distributed``: whether a ``DistributedReadingService`` would run it (it puts the
+    rank into the seed path even on one rank).
     """
 
-    rank: int = 0
-    world_size: int = 1
+    topology: Topology = Topology()
     worker: int = 0
-    num_workers: int = 0
-    distributed: bool = False
 
     def __post_init__(self) -> None:
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank({self.rank}) should be in [0, world_size({self.world_size}))")
-        if self.num_workers < 0 or not 0 <= self.worker < max(self.num_workers, 1):
+        workers = self.topology.readers_per_rank
+        if not 0 <= self.worker < max(workers, 1):
             raise ValueError(
-                f"worker({self.worker}) should be in [0, max(num_workers({self.num_workers}), 1))"
+                f"worker({self.worker}) should be in [0, max(num_workers({workers}), 1))"
             )
 
     @classmethod
     def detect(cls) -> World:
         """Rank and world size from the default ``torch.distributed`` group, if initialised."""
         if dist.is_available() and dist.is_initialized():
-            return cls(rank=dist.get_rank(), world_size=dist.get_world_size(), distributed=True)
+            ranks, rank = dist.get_world_size(), dist.get_rank()
+            return cls(Topology(ranks=ranks, distributed=True, rank=rank))
         return cls()
 
     def seed_generator(self, seed: int, epoch: int) -> EpochPlan:
         """The plan ``DataLoader2`` gives this reader (``EpochPlan.for_reader``: one rule)."""
+        t = self.topology
         return EpochPlan.for_reader(
             seed,
             epoch,
-            self.rank,
+            t.rank,
             self.worker,
-            distributed=self.distributed,
-            num_workers=self.num_workers,
+            distributed=t.distributed,
+            num_workers=t.readers_per_rank,
         )
 
 
@@ -198,28 +200,30 @@ def as_node(
         >>> sorted(x for batch in loader for x in batch)
         [0, 1, 2, 3, 4, 5]
     """
-    detected = World.detect()
+    detected = World.detect().topology
     world = World(
-        rank=detected.rank if rank is None else rank,
-        world_size=detected.world_size if world_size is None else world_size,
-        worker=worker,
-        num_workers=num_workers,
-        distributed=(
-            detected.distributed or (world_size or 1) > 1 if distributed is None else distributed
+        Topology(
+            ranks=detected.ranks if world_size is None else world_size,
+            readers_per_rank=num_workers,
+            distributed=(
+                detected.distributed or (world_size or 1) > 1
+                if distributed is None
+                else distributed
+            ),
+            rank=detected.rank if rank is None else rank,
         ),
+        worker,
     )
+    topology = world.topology
     refuse_unsupported(datapipe)
     graph = lean_graph(copy.deepcopy(datapipe))
     # apply_sharding configures the graph in place (it returns the same root).
-    if world.world_size > 1:
-        apply_sharding(graph, world.world_size, world.rank, SHARDING_PRIORITIES.DISTRIBUTED)
-    if world.num_workers > 1:
-        apply_sharding(graph, world.num_workers, world.worker, SHARDING_PRIORITIES.MULTIPROCESSING)
-    if (
-        equal_length is not None
-        and world.world_size > 1
-        and not isinstance(graph, FullSyncIterDataPipe)
-    ):
+    if topology.ranks > 1:
+        apply_sharding(graph, topology.ranks, topology.rank, SHARDING_PRIORITIES.DISTRIBUTED)
+    if topology.readers_per_rank > 1:
+        workers = topology.readers_per_rank
+        apply_sharding(graph, workers, world.worker, SHARDING_PRIORITIES.MULTIPROCESSING)
+    if equal_length is not None and topology.ranks > 1 and not traits_of(graph).syncs_ranks:
         graph = FullSyncIterDataPipe(graph, timeout, policy=equal_length)
         graph.set_process_group(gloo_group(timeout))
     if not isinstance(graph, IterDataPipe):
