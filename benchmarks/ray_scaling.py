@@ -1,13 +1,22 @@
 """Throughput of RayReadingService against the size of its reader pool.
 
-    python benchmarks/ray_scaling.py [--sizes 1 2 4] [--readers 4] [--address auto]
+    python benchmarks/ray_scaling.py [--mode cpu|wait] [--sizes 1 2 4] [--readers 4] [--address auto]
 
-Each run reads the same indexed synthetic shards with a CPU-heavy ``map`` (``--work`` rounds of
-hashing per sample) and ``V = --readers`` logical readers, on a pool of each size in turn, and
-prints batches per second. Without ``--address`` it starts a local Ray instance with
-``--cpus`` logical CPUs; on real nodes pass ``--address auto`` (and ``--cpus`` is ignored):
-throughput then grows with the pool until the trainer or the storage is the limit. On one
-2-core machine it cannot grow past what 2 cores make.
+Each run reads the same indexed synthetic shards with ``V = --readers`` logical readers, on a
+pool of each size in turn, and prints batches per second and the trainer's wait per batch.
+What a reader does per sample:
+
+- ``--mode cpu`` (default): ``--work`` rounds of SHA-256 (stands for decoding and
+  augmentation). On one 2-core machine it cannot grow past what 2 cores make.
+- ``--mode wait``: sleeps ``--wait-ms`` (stands for a read's first-byte latency from an
+  object store: the reader waits and uses no CPU). Throughput then grows with the pool on one
+  machine too: this shows the pool overlapping its readers' waiting, not CPU scaling. A reader
+  actor runs one step of one of its logical readers at a time, so it is the number of actors,
+  not of logical readers, that overlaps the waits.
+
+Without ``--address`` it starts a local Ray instance with ``--cpus`` logical CPUs; on real nodes
+pass ``--address auto`` (and ``--cpus`` is ignored): throughput then grows with the pool until
+the trainer or the storage is the limit.
 """
 
 from __future__ import annotations
@@ -42,12 +51,25 @@ class Work:
         return data[:32]
 
 
+class Wait:
+    """Sleep ``ms`` per sample (a read's first-byte latency: waiting, no CPU)."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+
+    def __call__(self, sample: dict[str, Any]) -> bytes:
+        time.sleep(self.ms / 1e3)
+        return bytes(sample[".bin"])[:32]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--readers", type=int, default=4)
     p.add_argument("--samples", type=int, default=2000)
-    p.add_argument("--work", type=int, default=300)
+    p.add_argument("--mode", choices=["cpu", "wait"], default="cpu")
+    p.add_argument("--work", type=int, default=300, help="--mode cpu: hash rounds per sample")
+    p.add_argument("--wait-ms", type=float, default=4.0, help="--mode wait: ms per sample")
     p.add_argument("--cpus", type=int, default=4)
     p.add_argument("--address", default=None)
     args = p.parse_args()
@@ -62,7 +84,7 @@ def main() -> None:
             .open_files_by_fsspec()
             .load_from_tar()
             .webdataset()
-            .map(Work(args.work))
+            .map(Work(args.work) if args.mode == "cpu" else Wait(args.wait_ms))
             .batch(16)
         )
         if args.address:
@@ -70,6 +92,8 @@ def main() -> None:
         else:
             ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
         try:
+            what = f"{args.work} hash rounds" if args.mode == "cpu" else f"{args.wait_ms} ms wait"
+            print(f"{args.readers} logical readers, {args.samples} samples, {what} per sample")
             for size in args.sizes:
                 rs = RayReadingService(
                     args.readers, pool=f"scale-{size}", readers=size, reader_options={"num_cpus": 1}

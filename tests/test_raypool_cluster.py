@@ -221,6 +221,130 @@ def test_one_rank_readers_join_leave_die_and_the_pool_restarts(cluster, shards, 
     assert rs.stats["released"] >= 1 and rs.stats["moved"] >= 1
 
 
+# --- what the readers skip is counted; after a skip, a moved or lost reader starts by replay --------
+
+
+def _corrupt_json(paths: list[str], ids: set[int]) -> None:
+    """Overwrite the ``.json`` of the samples ``ids`` with bytes that are not JSON (same size)."""
+    import json
+    import tarfile
+
+    for path in paths:
+        with tarfile.open(path) as tar:
+            spots = [
+                (m.offset_data, m.size)
+                for m in tar.getmembers()
+                if m.name.endswith(".json") and json.loads(tar.extractfile(m).read())["id"] in ids  # type: ignore[union-attr]
+            ]
+        with open(path, "r+b") as f:
+            for at, size in spots:
+                f.seek(at)
+                f.write(b"!" * size)
+
+
+def skipping(paths: list[str], digest: Digest | None = None) -> Any:
+    return (
+        IterableWrapper(paths)
+        .shuffle()
+        .sharding_by_index()
+        .open_files_by_fsspec()
+        .load_from_tar()
+        .webdataset()
+        .decode(handler="skip")
+        .map(digest or Digest())
+        .shuffle(buffer_size=8)
+        .batch(3)
+    )
+
+
+def test_skips_in_reader_actors_are_counted_and_moves_after_them_replay(cluster, shards, tmp_path):
+    """A sample skipped under a handler in a reader actor reaches dl.stats(), as under the worker pool.
+
+    A skip shifts the items after it, so a reader that skipped is moved (and re-leased after
+    its actor exits) by replay, not by a seek: the batches stay the worker pool's.
+    """
+    V = 2
+    clean = run(skipping(shards), MultiProcessingReadingService(V))
+    corrupt = {clean[0][1][0][0], clean[1][1][0][0]}  # early in readers 0 and 1
+    d = tmp_path / "damaged"
+    d.mkdir()
+    paths = [shutil.copy(p, d) for p in shards]
+    _corrupt_json(paths, corrupt)
+    build_index(paths, progress=False).save(default_index_url(paths))
+
+    def stats_of(dp: Any, rs: Any, events: dict[int, Any] | None = None) -> Any:
+        out = []
+        with DataLoader2(dp, reading_service=rs) as dl:
+            dl.seed(5)
+            for i, batch in enumerate(dl):
+                out.append(list(batch))
+                if events and i in events:
+                    events[i]()
+            return out, dl.stats()
+
+    expected, want = stats_of(skipping(paths), MultiProcessingReadingService(V))
+    assert want["skipped_samples"] == 2
+    marker = tmp_path / "exit-once"
+    marker.touch()
+    victim = expected[len(expected) // 2][0][0]  # a later sample: its reader exits there
+    rs = RayReadingService(
+        V, pool="skips", readers=1, reader_options=READER, bundle=2, check_every=1
+    )
+    got, stats = stats_of(
+        skipping(paths, Digest(victim, str(marker))), rs, {2: lambda: rs.scale(2)}
+    )
+    assert not marker.exists(), "the reader never exited"
+    assert got == expected
+    assert stats["skipped_samples"] == want["skipped_samples"] == 2
+    assert sorted(stats["skipped_examples"]) == sorted(want["skipped_examples"])
+    assert rs.stats["moved"] >= 1 and rs.stats["released"] >= 1
+    assert rs.stats["replayed"] >= 2  # the move and the re-lease, each after a skip
+
+
+class Tag:
+    """Tags each item (what a user's worker hook adds to a reader's graph)."""
+
+    def __init__(self, *tag: Any) -> None:
+        self.tag = tag
+
+    def __call__(self, item: Any) -> Any:
+        return (item, *self.tag)
+
+
+def init_hook(dp: Any, info: Any) -> Any:
+    return dp.map(Tag("init", info.worker_id, info.num_workers))
+
+
+def reset_hook(dp: Any, info: Any, seeds: Any) -> Any:
+    return dp.map(Tag("reset", int(info), seeds.generate_seed()))
+
+
+def test_worker_hooks_run_in_the_reader_actors_for_each_logical_reader(cluster, shards):
+    """worker_init_fn and worker_reset_fn: the batches equal the worker pool's with the same hooks."""
+    V = 3
+    hooks = {"worker_init_fn": init_hook, "worker_reset_fn": reset_hook}
+
+    def batches(rs: Any, events: dict[int, Any] | None = None) -> list[Any]:
+        out = []
+        with DataLoader2(graph(shards), reading_service=rs) as dl:
+            dl.seed(5)
+            for i, batch in enumerate(dl):
+                out.append(batch)
+                if events and i in events:
+                    events[i]()
+        return out
+
+    expected = batches(MultiProcessingReadingService(V, **hooks))
+    rs = RayReadingService(
+        V, pool="hooks", readers=1, reader_options=READER, check_every=1, **hooks
+    )
+    got = batches(rs, {2: lambda: rs.scale(3)})
+    assert got == expected
+    assert rs.stats["moved"] >= 1
+    # each batch went through both hooks of its own logical reader, once
+    assert {(b[0][1:], b[1], b[2]) for b in got} == {(("init", w, V), "reset", w) for w in range(V)}
+
+
 # --- checkpoints: a state resumes under another pool size, the worker pool, and back --------------
 
 
@@ -438,6 +562,7 @@ def test_a_sizing_policy_grows_the_pool_while_the_trainer_waits(cluster, shards)
     assert run(graph(shards), rs) == expected
     pool = ray.get_actor("sized-pool", namespace="shardpipes")
     assert rs.stats["moved"] >= 1  # readers moved to the new actors mid-epoch
+    assert rs.stats["wait_s"] > 0  # the trainer's wait, reported (the policy grew on it)
     assert ray.get(pool.state.remote())[0] == []  # the last trainer out stopped the readers
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService
@@ -55,6 +55,7 @@ def _round_robin(counts: list[int]) -> list[tuple[int, int]]:
 
 
 @settings(max_examples=150, deadline=None)
+@example(counts=[0, 2, 0, 0, 0], events=[("move", 2), ("move", 1), ("pull", 9)])
 @given(
     counts=st.lists(st.integers(0, 12), min_size=1, max_size=5),
     events=st.lists(
@@ -78,12 +79,16 @@ def test_dealer_deals_the_no_fault_sequence_whatever_the_leases_do(counts, event
         stop = min(at + size, n)
         items = [(lease.reader, i) for i in range(at, stop)]
         cursor[lease.fence] = stop
-        dealer.offer(lease, at, items, stop if stop == n else -1)
+        marks = tuple((i + 1, i + 1) for i in range(at, stop))  # a count as of each item
+        dealer.offer(lease, at, items, stop if stop == n else -1, marks)
 
     dealt: list[Any] = []
     script = iter(events)
     for _ in range(10_000):
         dealt.extend(dealer.deal())
+        for r in range(readers):  # marks follow the items they were made with, once each
+            assert (dealer.marks[r] or 0) == dealer.taken[r]
+            assert (dealer.seen[r] or 0) == dealer.wanted(r)
         waiting = dealer.waiting_for()
         if waiting is None:
             break
@@ -102,8 +107,11 @@ def test_dealer_deals_the_no_fault_sequence_whatever_the_leases_do(counts, event
                 new = table.move(reader, f"m{x}", dealer.wanted(reader) + x % 4)
                 cursor[new.fence] = new.start
         else:  # pull the lease the rotation waits for (or another, by x)
-            if kind == "pull" and x % 3 == 0 and leases:
-                lease = leases[x % len(leases)]
+            # the trainer pulls a lease only once it makes its reader's next item or one
+            # before (a lease pulled before its start would drop what it sends, for good)
+            ready = [le for le in leases if le.start <= dealer.wanted(le.reader)]
+            if kind == "pull" and x % 3 == 0 and ready:
+                lease = ready[x % len(ready)]
             else:
                 lease = table.maker(waiting, dealer.wanted(waiting))
             if lease is not None:
@@ -219,6 +227,151 @@ def test_reader_bundles_mark_the_end():
     ]
 
 
+def test_reader_bundles_carry_the_skip_counters_as_of_each_item():
+    from shardpipes.handlers import SkipStats
+
+    counters = [SkipStats(), SkipStats()]
+
+    def items() -> Any:
+        for i in range(5):
+            if i in (1, 3):  # a skip while making items 1 and 3 (the second, fourth)
+                counters[i // 2].record("u", ValueError(str(i)))
+            yield i
+        counters[0].record("u", ValueError("tail"), shard=True)  # after the last item
+
+    got = list(reader_bundles(items(), 0, 1, 10, 2, counters))
+    marks = [(n, c["samples"], c["shards"]) for b in got for n, c in b.skips]
+    assert marks == [(12, 1, 0), (14, 2, 0), (15, 2, 1)]
+    assert [b.end for b in got] == [-1, -1, 15]
+
+
+def test_dealer_keeps_the_marks_of_taken_items_only():
+    table = LeaseTable(2)
+    dealer = Dealer(table)
+    a, b = table.grant(0, "x"), table.grant(1, "x")
+    dealer.offer(a, 0, ["a0", "a1"], marks=((2, "a@2"),))
+    assert dealer.seen == ["a@2", None] and dealer.marks == [None, None]
+    assert list(dealer.deal()) == ["a0"]
+    assert dealer.marks == [None, None]  # as of the items dealt: a1 is not yet
+    dealer.offer(a, 0, ["a0", "a1"], marks=((1, "late"), (2, "late")))  # already taken
+    assert dealer.seen[0] == "a@2"
+    dealer.offer(b, 0, ["b0"], end=1, marks=((1, "b@1"),))
+    assert list(dealer.deal()) == ["b0", "a1"]
+    assert dealer.marks == ["a@2", "b@1"]
+    fenced = table.replace(a, "y", 2)
+    dealer.offer(a, 2, ["a2"], marks=((3, "fenced"),))  # a fenced lease: nothing of it
+    dealer.offer(fenced, 2, [], end=2, marks=((2, "at the end"),))
+    assert list(dealer.deal()) == [] and dealer.waiting_for() is None
+    assert dealer.marks == ["at the end", "b@1"]
+
+
+class _Record:
+    """Records each sample id it passes under ``key`` (a module-level list: graphs are copied)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __call__(self, sample: dict[str, Any]) -> int:
+        sid = int(sample[".json"]["id"])
+        _READS.setdefault(self.key, []).append(sid)
+        return sid
+
+
+_READS: dict[str, list[int]] = {}
+
+
+def _recorded(paths: list[str], key: str, buffer_size: int) -> Any:
+    return lean_graph(
+        IterableWrapper(paths)
+        .shuffle()
+        .sharding_by_index()
+        .open_files_by_fsspec()
+        .load_from_tar()
+        .webdataset()
+        .decode()
+        .map(_Record(key))
+        .shuffle(buffer_size=buffer_size)
+        .batch(3)
+    )
+
+
+@pytest.mark.parametrize("buffer_size", [1, 8])
+def test_a_move_reads_again_at_most_one_shuffle_buffer(indexed, buffer_size):
+    """Make-before-break: the new lease from switch item k reads again at most the shuffle buffer.
+
+    The old lease made items ``[0, k)`` (what it had read then is counted); the new one seeks
+    to item ``k``: the samples both read are what the move costs.
+    """
+    readers = 2
+    plan = EpochPlan(3, 0)
+    again = []
+    for w in range(readers):
+        _READS.clear()
+        items = list(logical_items(_recorded(indexed, "all", buffer_size), plan, w, readers))
+        for k in range(1, len(items)):
+            _READS.pop("old", None), _READS.pop("new", None)
+            old = logical_items(_recorded(indexed, "old", buffer_size), plan, w, readers)
+            assert [next(old) for _ in range(k)] == items[:k]
+            new = list(
+                logical_items(_recorded(indexed, "new", buffer_size), plan, w, readers, after=k)
+            )
+            assert new == items[k:]
+            both = set(_READS.get("old", [])) & set(_READS.get("new", []))
+            again.append(len(both))
+            assert len(_READS.get("new", [])) == len(set(_READS.get("new", [])))
+    assert max(again) <= buffer_size, again
+    assert max(again) > 0  # the buffer is read again (the count can see it)
+
+
+class _Tag:
+    """Tags each item with a name (what a user's worker hook adds to the graph)."""
+
+    def __init__(self, *tag: Any) -> None:
+        self.tag = tag
+
+    def __call__(self, item: Any) -> Any:
+        return (item, *self.tag)
+
+
+def _init_fn(dp: Any, info: Any) -> Any:
+    return dp.map(_Tag("init", int(info), info.num_workers))
+
+
+def _reset_fn(dp: Any, info: Any, seeds: Any) -> Any:
+    return dp.map(_Tag("reset", info.worker_id, seeds.generate_seed()))
+
+
+def test_worker_hooks_run_for_each_logical_reader_as_in_a_worker(indexed):
+    """worker_init_fn and worker_reset_fn: a logical reader's items equal the worker pool's with them."""
+    from shardpipes.raypool.reader import logical_reader
+
+    readers = 2
+    rs = MultiProcessingReadingService(readers, worker_init_fn=_init_fn, worker_reset_fn=_reset_fn)
+    with DataLoader2(_graph(indexed), reading_service=rs) as dl:
+        dl.seed(4)
+        pool = list(dl)
+    core = lean_graph(_graph(indexed))
+    plan = EpochPlan(4, 0)
+    full = []
+    for w in range(readers):
+        items, _ = logical_reader(core, plan, w, readers, init_fn=_init_fn, reset_fn=_reset_fn)
+        full.append(list(items))
+        k = len(full[-1]) // 2
+        later, _ = logical_reader(
+            core, plan, w, readers, after=k, init_fn=_init_fn, reset_fn=_reset_fn
+        )
+        assert list(later) == full[-1][k:]
+    dealt = []
+    for i in range(max(len(x) for x in full)):
+        dealt.extend(x[i] for x in full if i < len(x))
+    assert dealt == pool
+    # each batch went through both hooks of its own reader, once each (one epoch)
+    tags = {(item[0][1:], item[1], item[2]) for item in pool}
+    assert tags == {(("init", w, readers), "reset", w) for w in range(readers)}
+    seeds = {w: {item[3] for item in pool if item[2] == w} for w in range(readers)}
+    assert all(len(s) == 1 for s in seeds.values()) and seeds[0] != seeds[1]
+
+
 def test_without_ray_the_service_names_the_extra(tmp_path):
     """Ray absent (an import of it fails, as when it is not installed): the error names the extra."""
     import subprocess
@@ -250,3 +403,18 @@ def test_sizing_policy_grows_and_shrinks_within_bounds():
     assert p.next_size(5, waited=0.1) == 5
     with pytest.raises(ValueError, match="shrink_below"):
         SizingPolicy(grow_above=0.01, shrink_below=0.1)
+
+
+def test_the_wait_window_feeds_the_policy_the_share_of_time_waited():
+    """The trainer's wait per step, over a window of items, is what the sizing policy decides on."""
+    from shardpipes.raypool import SizingPolicy
+    from shardpipes.raypool.sizing import WaitWindow
+
+    policy = SizingPolicy(window=4, grow_above=0.2, shrink_below=0.05)
+    window = WaitWindow(policy.window)
+    # (clock, total wait, items): 8 steps of 10 ms, waiting 5 ms per step, then 0.1 ms
+    steps = [(0.01 * i, 0.005 * i, i) for i in range(5)]
+    steps += [(0.04 + 0.01 * i, 0.02 + 0.0001 * i, 4 + i) for i in range(1, 5)]
+    shares = [x for x in (window.add(*s) for s in steps) if x is not None]
+    assert shares == pytest.approx([0.5, 0.01])
+    assert [policy.next_size(4, waited=x) for x in shares] == [8, 3]

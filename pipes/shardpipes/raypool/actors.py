@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from shardpipes.plan.epoch import EpochPlan
-from shardpipes.raypool.reader import Bundle, logical_items, reader_bundles
+from shardpipes.raypool.reader import Bundle, InitFn, ResetFn, logical_reader, reader_bundles
 
 __all__ = ["NAMESPACE", "PoolActor", "ReaderActor"]
 
@@ -41,12 +41,24 @@ class ReaderActor:
         fence: int,
         bundle: int,
         replay: bool,
+        hooks: tuple[InitFn | None, ResetFn | None] = (None, None),
     ) -> Iterator[Bundle]:
-        """Logical ``reader``'s items from its item ``after`` on, in bundles (a streaming generator)."""
-        items = logical_items(
-            graph, plan, reader, num_readers, world_size=world_size, after=after, replay=replay
+        """Logical ``reader``'s items from its item ``after`` on, in bundles (a streaming generator).
+
+        ``hooks``: the service's ``(worker_init_fn, worker_reset_fn)``, run for this reader.
+        """
+        items, counters = logical_reader(
+            graph,
+            plan,
+            reader,
+            num_readers,
+            world_size=world_size,
+            after=after,
+            replay=replay,
+            init_fn=hooks[0],
+            reset_fn=hooks[1],
         )
-        yield from reader_bundles(items, reader, fence, after, bundle)
+        yield from reader_bundles(items, reader, fence, after, bundle, counters)
 
 
 class PoolActor:

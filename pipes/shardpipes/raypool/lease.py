@@ -122,15 +122,25 @@ class Dealer:
 
     :meth:`offer` takes a bundle's items (``start`` is the index of the first); :meth:`deal`
     yields items while the next reader in the rotation has its next item, and says which
-    reader it waits for otherwise.
+    reader it waits for otherwise. The caller takes a lease's messages only once the lease
+    makes its reader's next item (:meth:`LeaseTable.maker`): the items of a lease taken
+    before its start would be dropped, and its stream does not send them again.
+
+    A bundle may carry **marks** ``(n, value)``: a value of its reader as of its first ``n``
+    items (the reader's skip counters). A mark is kept only with the items it follows, so
+    :attr:`seen` is each reader's latest value as of the items taken in (``wanted``), and
+    :attr:`marks` as of the items dealt.
     """
 
     def __init__(self, table: LeaseTable) -> None:
         self.table = table
         readers = table.readers
-        self.taken = [0] * readers  # items of each reader taken (the next index wanted)
+        self.taken = [0] * readers  # items of each reader dealt (yielded)
         self.ends = [-1] * readers  # each reader's item count, once its end arrived
         self._ready: list[deque[Any]] = [deque() for _ in range(readers)]
+        self._pending: list[deque[tuple[int, Any]]] = [deque() for _ in range(readers)]
+        self.seen: list[Any] = [None] * readers  # latest mark as of the items taken in
+        self.marks: list[Any] = [None] * readers  # latest mark as of the items dealt
         self.rotation = deque(range(readers))
         self.dropped = 0  # items offered that were not taken (fenced, or already taken)
 
@@ -138,15 +148,24 @@ class Dealer:
         """The index of the next item of ``reader`` not yet taken."""
         return self.taken[reader] + len(self._ready[reader])
 
-    def offer(self, lease: Lease, start: int, items: list[Any], end: int = -1) -> int:
+    def offer(
+        self,
+        lease: Lease,
+        start: int,
+        items: list[Any],
+        end: int = -1,
+        marks: tuple[tuple[int, Any], ...] = (),
+    ) -> int:
         """Take what is new of ``items`` (indexes ``start`` ...), made under ``lease``; return how many.
 
-        ``end`` (``>= 0``) is the reader's item count when these are its last.
+        ``end`` (``>= 0``) is the reader's item count when these are its last; ``marks`` the
+        bundle's ``(n, value)`` marks.
         """
         if not self.table.current(lease):
             self.dropped += len(items)
             return 0
         reader = lease.reader
+        before = self.wanted(reader)
         got = 0
         for i, item in enumerate(items, start):
             if i == self.wanted(reader) and lease.covers(i):
@@ -154,10 +173,21 @@ class Dealer:
                 got += 1
             else:
                 self.dropped += 1
-        if end >= 0 and lease.start <= end <= lease.until and self.wanted(reader) == end:
+        ends = end >= 0 and lease.start <= end <= lease.until and self.wanted(reader) == end
+        for n, value in marks:
+            # a mark follows the items taken in now (or, at the end, all of them)
+            if before < n <= before + got or (ends and n == end):
+                self._pending[reader].append((n, value))
+                self.seen[reader] = value
+        if ends:
             self.ends[reader] = end
         self.table.retire(reader, self.wanted(reader))
         return got
+
+    def _dealt(self, reader: int) -> None:
+        pending = self._pending[reader]
+        while pending and pending[0][0] <= self.taken[reader]:
+            self.marks[reader] = pending.popleft()[1]
 
     def ended(self, reader: int) -> bool:
         """Whether every item of ``reader`` was taken and its end is known."""
@@ -168,6 +198,7 @@ class Dealer:
         while self.rotation:
             reader = self.rotation[0]
             if self.ended(reader):
+                self._dealt(reader)
                 self.rotation.popleft()
                 continue
             ready = self._ready[reader]
@@ -175,11 +206,14 @@ class Dealer:
                 return
             item = ready.popleft()
             self.taken[reader] += 1
+            if self._pending[reader]:
+                self._dealt(reader)
             self.rotation.rotate(-1)
             yield item
 
     def waiting_for(self) -> int | None:
         """The reader whose next item the rotation waits for; ``None`` when every reader has ended."""
         while self.rotation and self.ended(self.rotation[0]):
+            self._dealt(self.rotation[0])
             self.rotation.popleft()
         return self.rotation[0] if self.rotation else None

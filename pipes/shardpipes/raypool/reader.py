@@ -15,18 +15,27 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch.utils.data import IterDataPipe
 
+from shardpipes.dataloader2._stats import merge_skips, skip_counters, skips_to_dict
 from shardpipes.dataloader2.graph import apply_epoch_plan, resume_shape
+from shardpipes.dataloader2.random import SeedGenerator
 from shardpipes.dataloader2.utils.dispatch import shard_for_worker
+from shardpipes.dataloader2.utils.worker import WorkerInfo
 from shardpipes.dataloader2.workers.graph_copy import copy_graph
+from shardpipes.handlers import SkipStats
 from shardpipes.plan.epoch import EpochPlan
 from shardpipes.plan.resume import Segment
 
-__all__ = ["Bundle", "logical_items", "reader_bundles", "seek_refusal"]
+__all__ = ["Bundle", "logical_items", "logical_reader", "reader_bundles", "seek_refusal"]
+
+#: ``fn(datapipe, worker_info) -> datapipe``, as ``MultiProcessingReadingService`` takes it.
+InitFn = Callable[[IterDataPipe[Any], Any], IterDataPipe[Any]]
+#: ``fn(datapipe, worker_info, seed_generator) -> datapipe``, as the worker pool takes it.
+ResetFn = Callable[[IterDataPipe[Any], Any, Any], IterDataPipe[Any]]
 
 
 def seek_refusal(core: IterDataPipe[Any]) -> str | None:
@@ -66,14 +75,46 @@ def logical_items(
     plan (path ``(rank,)`` under ``DistributedReadingService``, else ``()``). With ``replay``
     the reader reads and drops its first ``after`` items instead of seeking.
     """
+    items, _ = logical_reader(
+        core, plan, reader, num_readers, world_size=world_size, after=after, replay=replay
+    )
+    return items
+
+
+def logical_reader(
+    core: IterDataPipe[Any],
+    plan: EpochPlan,
+    reader: int,
+    num_readers: int,
+    *,
+    world_size: int = 1,
+    after: int = 0,
+    replay: bool = False,
+    init_fn: InitFn | None = None,
+    reset_fn: ResetFn | None = None,
+) -> tuple[Iterator[Any], list[SkipStats]]:
+    """:func:`logical_items`, with the skip counters of the reader's graph, and the user's hooks.
+
+    ``init_fn`` and ``reset_fn`` are the worker pool's ``worker_init_fn`` and
+    ``worker_reset_fn``, called as a worker process calls them for worker ``reader`` (after
+    the sharding; after the epoch's plan, with the reader's seed generator), once for each
+    lease: every lease makes its own copy of the graph.
+    """
+    info = WorkerInfo(num_readers, reader)
     with _GRAPHS:
         graph = shard_for_worker(copy_graph(core), num_readers, reader)
+        if init_fn is not None:
+            graph = init_fn(graph, info)
+        spawned = plan.spawn(reader)
         if replay:
-            apply_epoch_plan(graph, plan.spawn(reader))
+            apply_epoch_plan(graph, spawned)
         else:
             apply_epoch_plan(graph, reader_plan_for(plan, reader, num_readers, world_size, after))
+        if reset_fn is not None:
+            graph = reset_fn(graph, info, SeedGenerator.from_plan(spawned))
+        counters = skip_counters(graph)
         items = _one_at_a_time(iter(graph))
-    return itertools.islice(items, after, None) if replay else items
+    return (itertools.islice(items, after, None) if replay else items), counters
 
 
 # torch's graph walk (traverse_dps) sets a class-wide pickling hook while it runs, so two threads
@@ -98,6 +139,8 @@ class Bundle:
     """Consecutive items of one lease: items ``start`` .. ``start + len(items) - 1`` of its reader.
 
     ``end`` is the reader's item count when its epoch ends after these items, else ``-1``.
+    ``skips``: ``(n, counters)`` when the reader's skip counters moved: as of its first ``n``
+    items, they were ``counters`` (a :func:`~shardpipes.dataloader2._stats.skips_to_dict`).
     """
 
     reader: int
@@ -105,17 +148,45 @@ class Bundle:
     start: int
     items: list[Any]
     end: int = -1
+    skips: tuple[tuple[int, dict[str, Any]], ...] = ()
 
 
 def reader_bundles(
-    items: Iterator[Any], reader: int, fence: int, start: int, size: int
+    items: Iterator[Any],
+    reader: int,
+    fence: int,
+    start: int,
+    size: int,
+    counters: list[SkipStats] | None = None,
 ) -> Iterator[Bundle]:
-    """``items`` (those of ``reader`` from item ``start`` on) in bundles of ``size``, the last marked ``end``."""
+    """``items`` (those of ``reader`` from item ``start`` on) in bundles of ``size``, the last marked ``end``.
+
+    ``counters``: the skip counters of the graph making ``items``, read after every item (and
+    at the end); a bundle carries them as of each item after which their sum moved.
+    """
+    counters = counters or []
+    seen = 0
     at = start
     while True:
-        out = list(itertools.islice(items, size))
-        if len(out) < size:
-            yield Bundle(reader, fence, at, out, at + len(out))
+        out: list[Any] = []
+        skips: list[tuple[int, dict[str, Any]]] = []
+        ended = False
+        for item in items:
+            out.append(item)
+            if counters:
+                total = sum(c.samples + c.shards for c in counters)
+                if total != seen:
+                    seen = total
+                    skips.append((at + len(out), skips_to_dict(merge_skips(counters))))
+            if len(out) == size:
+                break
+        else:
+            ended = True
+            total = sum(c.samples + c.shards for c in counters)
+            if total != seen:  # skipped after the reader's last item
+                skips.append((at + len(out), skips_to_dict(merge_skips(counters))))
+        if ended:
+            yield Bundle(reader, fence, at, out, at + len(out), tuple(skips))
             return
-        yield Bundle(reader, fence, at, out)
+        yield Bundle(reader, fence, at, out, -1, tuple(skips))
         at += len(out)

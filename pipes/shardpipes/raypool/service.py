@@ -13,19 +13,21 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import torch.distributed as dist
 from torch.utils.data import IterDataPipe
 
+from shardpipes.dataloader2._stats import merge_skips, skips_from_dict
 from shardpipes.dataloader2.reading_service import MultiProcessingReadingService
 from shardpipes.errors import WorkerError
-from shardpipes.raypool.actors import NAMESPACE, PoolActor
+from shardpipes.handlers import SkipStats
 from shardpipes.raypool.lease import Dealer, Lease, LeaseTable
-from shardpipes.raypool.reader import seek_refusal
-from shardpipes.raypool.sizing import SizingPolicy
+from shardpipes.raypool.membership import PoolClient
+from shardpipes.raypool.membership import import_ray as _ray
+from shardpipes.raypool.reader import InitFn, ResetFn, seek_refusal
+from shardpipes.raypool.sizing import SizingPolicy, WaitWindow
 
 __all__ = ["RayReadingService", "SeekRefused"]
 
@@ -38,14 +40,6 @@ class SeekRefused(ValueError):
 
 #: Leases of one logical reader lost at the same item before the trainer gives up.
 MAX_LOSSES = 4
-
-
-def _ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:
-        raise ImportError("RayReadingService needs Ray: pip install 'shardpipes[ray]'") from exc
-    return ray
 
 
 class RayReadingService(MultiProcessingReadingService):
@@ -75,6 +69,12 @@ class RayReadingService(MultiProcessingReadingService):
         check_every: Messages between two looks at the pool's membership. Default: ``16``.
         sizing: Resize the pool from the trainer's wait for readers (rank 0 decides, every
             ``sizing.window`` items); ``None`` (default) leaves the size to :meth:`scale`.
+        worker_init_fn: ``fn(datapipe, worker_info) -> datapipe``, as the worker pool takes it:
+            run in the reader actor for logical reader ``worker_info.worker_id`` after its
+            sharding, each time the reader starts on an actor (a lease). Default: ``None``.
+        worker_reset_fn: ``fn(datapipe, worker_info, seed_generator) -> datapipe``: run for
+            the logical reader at the start of each lease, after the epoch's plan, with the
+            reader's seed generator (the one its worker process would get). Default: ``None``.
 
     Raises:
         ImportError: Ray is not installed, naming the extra.
@@ -94,6 +94,8 @@ class RayReadingService(MultiProcessingReadingService):
         timeout: float = 60,
         check_every: int = 16,
         sizing: SizingPolicy | None = None,
+        worker_init_fn: InitFn | None = None,
+        worker_reset_fn: ResetFn | None = None,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers should be >= 1, got {num_workers!r}")
@@ -102,7 +104,9 @@ class RayReadingService(MultiProcessingReadingService):
                 f"bundle ({bundle}), prefetch ({prefetch}) and check_every ({check_every}) "
                 "should be >= 1"
             )
-        super().__init__(num_workers)
+        super().__init__(
+            num_workers, worker_init_fn=worker_init_fn, worker_reset_fn=worker_reset_fn
+        )
         self.pool = pool
         self.readers = readers or num_workers
         self.reader_options = {"num_cpus": 1, "max_concurrency": 64, **(reader_options or {})}
@@ -112,18 +116,23 @@ class RayReadingService(MultiProcessingReadingService):
         self.lease_timeout = timeout
         self.check_every = check_every
         self.sizing = sizing
-        self._window = (0.0, 0.0, 0)  # (wall, wait_s, items) at the start of a sizing window
-        self._trainer = uuid.uuid4().hex[:12]
-        self._pool_actor: Any = None
+        self._window = WaitWindow(sizing.window) if sizing is not None else None
+        self._members = PoolClient(pool, self.readers, self.reader_options, timeout)
         self._graph_ref: Any = None
         self._gens: dict[int, Any] = {}  # fence -> the lease's streaming generator
-        self._known: set[str] = set()  # reader actors this trainer has used
         self._losses: dict[tuple[int, int], int] = {}  # (reader, item) -> leases lost there
+        self._dealer: Dealer | None = None  # this epoch's
+        self._skips_before = SkipStats()  # what the readers skipped in the epochs before
+        self._unchecked: set[int] = set()  # fences of moved leases that seek (see _checked)
         #: Counters: ``items``, ``messages``, ``wait_s`` (trainer time waiting for readers),
-        #: ``released`` (leases replaced after a death), ``moved``, ``dropped`` (late items).
+        #: ``released`` (leases replaced after a death), ``moved``, ``dropped`` (late items),
+        #: ``replayed`` (leases started by replay because their reader had skipped samples),
+        #: ``wait_share`` (with ``sizing``: the last window's share of the trainer's time spent
+        #: waiting, what the policy decided on). The wait per step is ``wait_s / items``.
         self.stats: dict[str, float] = dict.fromkeys(
-            ("items", "messages", "wait_s", "released", "moved", "dropped"), 0
+            ("items", "messages", "wait_s", "released", "moved", "dropped", "replayed"), 0
         )
+        self.stats["wait_share"] = 0.0
 
     # --- the loader's calls -------------------------------------------------------------------
 
@@ -141,64 +150,23 @@ class RayReadingService(MultiProcessingReadingService):
         self._seek = refusal is None
         return out
 
+    def skipped(self) -> SkipStats | None:
+        """What the stages skipped in the reader actors, as of the items yielded (all epochs)."""
+        if self._core is None:
+            return None
+        dealer = self._dealer
+        now = [skips_from_dict(m) for m in dealer.marks if m] if dealer is not None else []
+        return merge_skips([self._skips_before, *now])
+
     def scale(self, readers: int) -> list[str]:
         """Make the reader pool ``readers`` actors (from any trainer); return the active names."""
-        ray = _ray()
-        names: list[str] = ray.get(self._pool().scale.remote(readers))
-        return names
+        return self._members.scale(readers)
 
     def finalize(self) -> None:
         """Stop this trainer's leases; the last trainer of the pool stops its readers."""
         self._cancel_all()
-        if self._pool_actor is not None:
-            ray = _ray()
-            try:
-                ray.get(self._pool_actor.bye.remote(self._trainer), timeout=self.lease_timeout)
-            except Exception as exc:  # the pool may be gone with its cluster
-                logger.warning("reader pool %s: bye failed: %s", self.pool, exc)
-            self._pool_actor = None
+        self._members.bye()
         super().finalize()
-
-    # --- the pool -----------------------------------------------------------------------------
-
-    def _pool(self) -> Any:
-        ray = _ray()
-        if self._pool_actor is None:
-            self._pool_actor = (
-                ray.remote(PoolActor)
-                .options(
-                    name=f"{self.pool}-pool",
-                    namespace=NAMESPACE,
-                    get_if_exists=True,
-                    lifetime="detached",
-                    max_restarts=-1,
-                    max_task_retries=-1,
-                    num_cpus=0,
-                )
-                .remote(self.pool, self.reader_options)
-            )
-            ray.get(self._pool_actor.hello.remote(self._trainer))
-            active, _, _ = ray.get(self._pool_actor.state.remote())
-            if not active:
-                ray.get(self._pool_actor.scale.remote(self.readers))
-        return self._pool_actor
-
-    def _membership(self) -> tuple[list[str], set[str]]:
-        """``(active, leaving)``; rebuilds a restarted pool from what this trainer knows."""
-        ray = _ray()
-        pool = self._pool()
-        active, leaving, restarted = ray.get(pool.state.remote(), timeout=self.lease_timeout)
-        if restarted or not active:
-            ray.get(pool.adopt.remote(sorted(self._known), self._trainer))
-            active, leaving, _ = ray.get(pool.state.remote(), timeout=self.lease_timeout)
-        if not active:
-            active = ray.get(pool.scale.remote(self.readers))
-        return list(active), set(leaving)
-
-    def _handle(self, name: str) -> Any:
-        ray = _ray()
-        self._known.add(name)
-        return ray.get_actor(name, namespace=NAMESPACE)
 
     # --- one epoch ----------------------------------------------------------------------------
 
@@ -210,8 +178,9 @@ class RayReadingService(MultiProcessingReadingService):
             self._graph_ref = ray.put(self._core)
         world = dist.get_world_size() if len(self._generator.path) == 1 else 1
         table = LeaseTable(self.num_workers)
-        dealer = Dealer(table)
-        active, _ = self._membership()
+        dealer = self._dealer = Dealer(table)
+        self._unchecked.clear()
+        active, _ = self._members.membership()
         for reader in range(self.num_workers):
             self._start(table.grant(reader, active[reader % len(active)]), world)
         pulls = 0
@@ -227,6 +196,8 @@ class RayReadingService(MultiProcessingReadingService):
                     break
                 lease = table.maker(waiting, dealer.wanted(waiting))
                 assert lease is not None  # a reader always has a lease for its next item
+                if lease.fence in self._unchecked:
+                    lease = self._checked(lease, table, dealer, world)
                 self._pull(lease, table, dealer, world)
                 self._drop_retired(table)
                 pulls += 1
@@ -235,21 +206,47 @@ class RayReadingService(MultiProcessingReadingService):
         finally:
             self._cancel_all()
             self.stats["dropped"] = dealer.dropped
+            self._skips_before = merge_skips(
+                [self._skips_before, *(skips_from_dict(m) for m in dealer.marks if m)]
+            )
+            self._dealer = None
+
+    def _must_replay(self, dealer: Dealer, reader: int) -> bool:
+        """Whether ``reader`` skipped samples before its next item: then a lease starts by replay.
+
+        A seek counts positions in the index, and a sample skipped by a handler shifts every
+        item after it (docs/checkpointing.md); replay reproduces the skips.
+        """
+        seen = dealer.seen[reader]
+        return bool(seen and (seen["samples"] or seen["shards"]))
+
+    def _checked(self, lease: Lease, table: LeaseTable, dealer: Dealer, world: int) -> Lease:
+        """A moved lease that seeks, once its old lease delivered up to its switch item.
+
+        The move seeked to the switch item when its reader had skipped nothing; if the old
+        lease skipped samples before the switch, the seek is off: lease again by replay.
+        """
+        self._unchecked.discard(lease.fence)
+        if not self._must_replay(dealer, lease.reader):
+            return lease
+        self._cancel(lease.fence)
+        self.stats["replayed"] += 1
+        lease = table.replace(lease, lease.member, dealer.wanted(lease.reader))
+        self._start(lease, world, replay=True)
+        return lease
 
     def _size(self, table: LeaseTable) -> None:
         """Rank 0, every ``sizing.window`` items: resize the pool by the share of time it waited."""
         assert self.sizing is not None and self._generator is not None
         if self._generator.path[:1] not in ((), (0,)):
             return
-        now = time.perf_counter()
-        start, waited, items = self._window
-        if not items and not start:
-            self._window = (now, self.stats["wait_s"], int(self.stats["items"]))
+        assert self._window is not None
+        share = self._window.add(
+            time.perf_counter(), self.stats["wait_s"], int(self.stats["items"])
+        )
+        if share is None:
             return
-        if self.stats["items"] - items < self.sizing.window:
-            return
-        share = (self.stats["wait_s"] - waited) / max(now - start, 1e-9)
-        self._window = (now, self.stats["wait_s"], int(self.stats["items"]))
+        self.stats["wait_share"] = share
         current = len({le.member for le in table.all()})
         want = self.sizing.next_size(current, waited=share)
         if want != current:
@@ -264,11 +261,11 @@ class RayReadingService(MultiProcessingReadingService):
                 want,
                 100 * share,
             )
-            self._pool().scale.remote(want)
+            self._members.actor().scale.remote(want)
 
-    def _start(self, lease: Lease, world: int) -> None:
+    def _start(self, lease: Lease, world: int, *, replay: bool = False) -> None:
         assert self._generator is not None
-        handle = self._handle(lease.member)
+        handle = self._members.handle(lease.member)
         self._gens[lease.fence] = handle.run.options(
             num_returns="streaming", _generator_backpressure_num_objects=self.prefetch
         ).remote(
@@ -280,7 +277,8 @@ class RayReadingService(MultiProcessingReadingService):
             lease.start,
             lease.fence,
             self.bundle,
-            not self._seek,
+            replay or not self._seek,
+            (self.worker_init_fn, self.worker_reset_fn),
         )
 
     def _pull(self, lease: Lease, table: LeaseTable, dealer: Dealer, world: int) -> None:
@@ -289,12 +287,13 @@ class RayReadingService(MultiProcessingReadingService):
         gen = self._gens[lease.fence]
         start = time.perf_counter()
         try:
-            # one call when the next message is there already (ray.wait first cost ~20% more
-            # trainer CPU per message); the public next(gen) has no time-out
-            ref = gen._next_sync(self.lease_timeout)
-            if ref.is_nil():
-                raise TimeoutError(f"no message in {self.lease_timeout} s")
-            bundle = ray.get(ref, timeout=self.lease_timeout)
+            # next(gen) has no time-out: wait on the generator first (ready when its next
+            # message is here, or when its stream ended or failed), unless it is ready already
+            if not gen.next_ready():
+                ready, _ = ray.wait([gen], timeout=self.lease_timeout)
+                if not ready:
+                    raise TimeoutError(f"no message in {self.lease_timeout} s")
+            bundle = ray.get(next(gen), timeout=self.lease_timeout)
         except StopIteration:  # a reader always sends its end: the actor went with the stream
             self._lost(lease, ConnectionError("the stream ended early"), table, dealer, world)
             return
@@ -308,7 +307,7 @@ class RayReadingService(MultiProcessingReadingService):
         finally:
             self.stats["wait_s"] += time.perf_counter() - start
         self.stats["messages"] += 1
-        dealer.offer(lease, bundle.start, bundle.items, bundle.end)
+        dealer.offer(lease, bundle.start, bundle.items, bundle.end, bundle.skips)
 
     def _lost(
         self, lease: Lease, exc: Exception, table: LeaseTable, dealer: Dealer, world: int
@@ -332,28 +331,30 @@ class RayReadingService(MultiProcessingReadingService):
             ) from exc
         dead = {lease.member}
         try:
-            self._pool().dead.remote(lease.member)
+            self._members.actor().dead.remote(lease.member)
         except Exception:  # the pool restarting: the trainers rebuild it
             pass
         for _ in range(3):
-            active, _leaving = self._membership()
+            active, _leaving = self._members.membership()
             live = [m for m in active if m not in dead]
             if live:
                 break
             time.sleep(1)
-            ray.get(self._pool().scale.remote(self.readers))
+            ray.get(self._members.actor().scale.remote(self.readers))
         else:
             raise WorkerError(f"reader pool {self.pool}: no live reader actor left") from exc
-        self._known.discard(lease.member)
+        self._members.known.discard(lease.member)
         member = _least_loaded(live, table)
         self.stats["released"] += 1
-        self._start(table.replace(lease, member, dealer.wanted(lease.reader)), world)
+        replay = self._must_replay(dealer, lease.reader)
+        self.stats["replayed"] += replay
+        self._start(table.replace(lease, member, dealer.wanted(lease.reader)), world, replay=replay)
 
     def _rebalance(self, table: LeaseTable, dealer: Dealer, world: int) -> None:
         """Move readers off leaving actors and onto new ones, make-before-break."""
         ray = _ray()
         try:
-            active, leaving = self._membership()
+            active, leaving = self._members.membership()
         except Exception as exc:  # the pool is restarting: look again next time
             logger.info("reader pool %s: membership not available (%s)", self.pool, exc)
             return
@@ -373,14 +374,19 @@ class RayReadingService(MultiProcessingReadingService):
             if not off and load[member] - load[least] < 2:
                 continue
             switch = dealer.wanted(reader) + self.bundle * 2
-            self._start(table.move(reader, least, switch), world)
+            moved = table.move(reader, least, switch)
+            replay = self._must_replay(dealer, reader)
+            if not replay and self._seek:  # checked when its turn comes (_checked)
+                self._unchecked.add(moved.fence)
+            self.stats["replayed"] += replay
+            self._start(moved, world, replay=replay)
             load[least] += 1
             if not off:
                 load[member] -= 1
             self.stats["moved"] += 1
         for name in leaving:
             if not table.on(name):
-                ray.get(self._pool().drained.remote(name, self._trainer))
+                ray.get(self._members.actor().drained.remote(name, self._members.trainer))
 
     def _drop_retired(self, table: LeaseTable) -> None:
         current = {le.fence for le in table.all()}

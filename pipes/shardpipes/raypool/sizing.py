@@ -8,9 +8,9 @@ autoscaler for the machines first (``ray.autoscaler.sdk.request_resources``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["SizingPolicy"]
+__all__ = ["SizingPolicy", "WaitWindow"]
 
 
 @dataclass(frozen=True)
@@ -57,3 +57,32 @@ class SizingPolicy:
         else:
             want = current
         return max(self.min_readers, min(self.max_readers, want))
+
+
+@dataclass
+class WaitWindow:
+    """The share of the trainer's time spent waiting for readers, over windows of ``size`` items.
+
+    :meth:`add` is given the clock, the trainer's total wait so far and its items so far after
+    each item; it answers the share of the window's time that was waiting when a window of
+    ``size`` items is complete (what :meth:`SizingPolicy.next_size` reads), else ``None``.
+
+    Examples:
+        >>> w = WaitWindow(2)
+        >>> [w.add(t, waited, items) for t, waited, items in [(0, 0, 0), (1, 0.1, 1), (2, 0.5, 2)]]
+        [None, None, 0.25]
+    """
+
+    size: int
+    _start: tuple[float, float, int] | None = field(default=None, repr=False)
+
+    def add(self, now: float, waited: float, items: int) -> float | None:
+        """After an item: the last window's share of time waited, when the window is complete."""
+        if self._start is None:
+            self._start = (now, waited, items)
+            return None
+        start, waited0, items0 = self._start
+        if items - items0 < self.size:
+            return None
+        self._start = (now, waited, items)
+        return (waited - waited0) / max(now - start, 1e-9)
