@@ -74,14 +74,15 @@ def test_workers_of_a_rank_split_the_shards(shard_pattern):
 
 def test_world_is_a_reader_of_the_loaders_one_topology_and_validates():
     node = as_node(IterableWrapper(range(4)), worker=1, num_workers=2)
-    assert node.world == World(Topology(readers_per_rank=2), worker=1)
+    assert node.world == World(worker=1, num_workers=2)
     assert node.world.topology.same_split(MultiProcessingReadingService(2).topology())
-    with pytest.raises(ValueError, match=r"0 <= rank < ranks, got ranks=2, readers_per_rank=0"):
+    assert node.world.topology == Topology(readers_per_rank=2)
+    with pytest.raises(ValueError, match=r"rank\(3\) should be in \[0, world_size\(2\)\)"):
         as_node(IterableWrapper(range(4)), rank=3, world_size=2)
     with pytest.raises(
         ValueError, match=r"worker\(2\) should be in \[0, max\(num_workers\(2\), 1\)\)"
     ):
-        World(Topology(readers_per_rank=2), worker=2)
+        World(worker=2, num_workers=2)
 
 
 def test_parallel_mapper_inside_a_graph_keeps_order():

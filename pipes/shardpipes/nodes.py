@@ -38,31 +38,44 @@ __all__ = ["DataPipeNode", "World", "as_node"]
 
 @dataclass(frozen=True)
 class World:
-    """Which reader this process is: reader ``worker`` of a rank of ``topology``.
+    """Which reader this process is, as the reading services of ``DataLoader2`` would make it.
 
-    ``topology`` is the loader's one topology value (:class:`~shardpipes.plan.restore.Topology`,
-    what reading services answer and states record): ``ranks`` ranks (``rank`` is this one's),
-    ``readers_per_rank`` worker processes each (``0``: the rank's own process, no worker part),
-    and ``distributed``: whether a ``DistributedReadingService`` would run it (it puts the
-    rank into the seed path even on one rank).
+    ``rank`` of ``world_size``; ``distributed``: whether a ``DistributedReadingService`` would
+    run it (it spawns the rank into the seed path even on one rank); ``worker`` of
+    ``num_workers`` worker processes (``0``: the rank's own process, no worker part).
+    :attr:`topology` is the same split as the loader's one topology value
+    (:class:`~shardpipes.plan.restore.Topology`, what reading services answer and states record).
     """
 
-    topology: Topology = Topology()
+    rank: int = 0
+    world_size: int = 1
     worker: int = 0
+    num_workers: int = 0
+    distributed: bool = False
 
     def __post_init__(self) -> None:
-        workers = self.topology.readers_per_rank
-        if not 0 <= self.worker < max(workers, 1):
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank({self.rank}) should be in [0, world_size({self.world_size}))")
+        if self.num_workers < 0 or not 0 <= self.worker < max(self.num_workers, 1):
             raise ValueError(
-                f"worker({self.worker}) should be in [0, max(num_workers({workers}), 1))"
+                f"worker({self.worker}) should be in [0, max(num_workers({self.num_workers}), 1))"
             )
+
+    @property
+    def topology(self) -> Topology:
+        """This split as the loader's :class:`~shardpipes.plan.restore.Topology`."""
+        return Topology(
+            ranks=self.world_size,
+            readers_per_rank=self.num_workers,
+            distributed=self.distributed,
+            rank=self.rank,
+        )
 
     @classmethod
     def detect(cls) -> World:
         """Rank and world size from the default ``torch.distributed`` group, if initialised."""
         if dist.is_available() and dist.is_initialized():
-            ranks, rank = dist.get_world_size(), dist.get_rank()
-            return cls(Topology(ranks=ranks, distributed=True, rank=rank))
+            return cls(rank=dist.get_rank(), world_size=dist.get_world_size(), distributed=True)
         return cls()
 
     def seed_generator(self, seed: int, epoch: int) -> EpochPlan:
@@ -200,19 +213,15 @@ def as_node(
         >>> sorted(x for batch in loader for x in batch)
         [0, 1, 2, 3, 4, 5]
     """
-    detected = World.detect().topology
+    detected = World.detect()
     world = World(
-        Topology(
-            ranks=detected.ranks if world_size is None else world_size,
-            readers_per_rank=num_workers,
-            distributed=(
-                detected.distributed or (world_size or 1) > 1
-                if distributed is None
-                else distributed
-            ),
-            rank=detected.rank if rank is None else rank,
+        rank=detected.rank if rank is None else rank,
+        world_size=detected.world_size if world_size is None else world_size,
+        worker=worker,
+        num_workers=num_workers,
+        distributed=(
+            detected.distributed or (world_size or 1) > 1 if distributed is None else distributed
         ),
-        worker,
     )
     topology = world.topology
     refuse_unsupported(datapipe)
