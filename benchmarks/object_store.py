@@ -14,7 +14,8 @@ machine hits all rows alike):
 - ``s3fs x1``: plain s3fs, each object ``open()`` + ``read(1 MiB)`` to the end, one after the
   other: one connection, what any sequential reader gets;
 - ``s3fs xN``: plain s3fs, ``N`` threads taking 8 MiB ranges of the objects from one queue
-  (``fs.cat_file(path, start, end)``): what the link allows, with no parsing at all;
+  (``fs.cat_file(path, start, end)``): what the link allows, with no parsing at all (the
+  *link* the other rows are given as a fraction of);
 - ``webdataset``: 1.0.2 over ``fsspec.open`` (the usual way to give it ``s3://`` URLs), in
   process and with ``WebLoader(num_workers=2)``;
 - ``shardpipes``: ``open_files_by_fsspec`` with its defaults -> tar -> webdataset -> decode ->
@@ -34,6 +35,7 @@ import json
 import os
 import queue
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -373,6 +375,31 @@ def _report(results, readers, presets, latencies, local, args) -> None:
                 )
                 cells.append("failed" if best is None else f"{best:.0f} ({spread:.0%})")
             print(f"| {_name(reader, workers, args.parallel)} | " + " | ".join(cells) + " |")
+        print(
+            "\nCPU seconds per trial, median (reader with its workers / moto / relay): "
+            "moto, the relay and the reader share the machine's cores"
+        )
+        print("\n| reader | " + " | ".join(f"{lat:g} ms" for lat in latencies) + " |")
+        print("|---|" + "---:|" * len(latencies))
+        for reader, workers in readers:
+            cells = []
+            for lat in latencies:
+                got = [
+                    r
+                    for r in results
+                    if "mb_per_s" in r
+                    and (r["preset"], r["reader"], r["workers"], r["latency_ms"])
+                    == (p, reader, workers, lat)
+                ]
+                cells.append(
+                    "-"
+                    if not got
+                    else " / ".join(
+                        f"{statistics.median(r.get(k, float('nan')) for r in got):.2f}"
+                        for k in ("cpu_s", "server_cpu_s", "relay_cpu_s")
+                    )
+                )
+            print(f"| {_name(reader, workers, args.parallel)} | " + " | ".join(cells) + " |")
         print()
         for lat in latencies:
             one, _, _ = _best(results, preset=p, reader="s3fs_1", workers=0, latency_ms=lat)
@@ -384,10 +411,11 @@ def _report(results, readers, presets, latencies, local, args) -> None:
                 best, _, _ = _best(
                     results, preset=p, reader=reader, workers=workers, latency_ms=lat
                 )
-                if best and one and many:
+                if best and many:
+                    vs_one = f"{best / one:.1f}x one connection, " if one else ""
                     parts.append(
-                        f"{_name(reader, workers, args.parallel)} {best / one:.1f}x one "
-                        f"connection, {best / many:.0%} of x{args.parallel}"
+                        f"{_name(reader, workers, args.parallel)} {vs_one}{best / many:.0%} "
+                        f"of the link (x{args.parallel})"
                     )
             if parts:
                 print(f"- {lat:g} ms: " + "; ".join(parts))

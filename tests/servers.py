@@ -190,6 +190,8 @@ class HTTPBehaviour:
         status: Path to a status to answer instead (401, 403, 404, ...).
         require: Header name and value every request must carry, else 401.
         faults: Faults for GETs.
+        latency: Seconds each GET of a file waits before its answer (an object store's
+            first-byte latency; it changes what a reader measures, never what it gets).
     """
 
     files: dict[str, bytes] = field(default_factory=dict)
@@ -199,6 +201,7 @@ class HTTPBehaviour:
     status: dict[str, int] = field(default_factory=dict)
     require: tuple[str, str] | None = None
     faults: Faults = field(default_factory=Faults)
+    latency: float = 0.0
 
 
 class _FileHandler(BaseHTTPRequestHandler):
@@ -269,7 +272,13 @@ class _FileHandler(BaseHTTPRequestHandler):
             headers["Content-Range"] = f"bytes */{len(data)}"
             return self._reply(416, headers, b"", None)
         headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
-        return self._reply(206, headers, data[start:end], fault)
+        self.server.flight.change(+1, end - start)
+        try:
+            if b.latency:
+                time.sleep(b.latency)
+            return self._reply(206, headers, data[start:end], fault)
+        finally:
+            self.server.flight.change(-1, -(end - start))
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -302,12 +311,29 @@ class Connections:
             self.peak = self.now
 
 
+class Flight:
+    """Range requests being answered now (and their bytes), and the most at once."""
+
+    def __init__(self) -> None:
+        self.requests = self.bytes = 0
+        self.peak_requests = self.peak_bytes = 0
+        self._lock = threading.Lock()
+
+    def change(self, requests: int, nbytes: int) -> None:
+        with self._lock:
+            self.requests += requests
+            self.bytes += nbytes
+            self.peak_requests = max(self.peak_requests, self.requests)
+            self.peak_bytes = max(self.peak_bytes, self.bytes)
+
+
 class _FileServer(_QuietServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _FileHandler)
         self.behaviour = HTTPBehaviour()
         self.log = _Log()
         self.connections = Connections()
+        self.flight = Flight()
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         self.connections.change(+1)
@@ -325,6 +351,7 @@ class HTTPServerHandle:
     behaviour: HTTPBehaviour
     log: _Log
     connections: Connections = field(default_factory=Connections)
+    flight: Flight = field(default_factory=Flight)
 
     def add(self, name: str, data: bytes) -> str:
         """Serve ``data`` at ``/name`` and return its URL."""
@@ -346,7 +373,11 @@ def serving_http() -> Iterator[HTTPServerHandle]:
     host, port = server.server_address[:2]
     try:
         yield HTTPServerHandle(
-            f"http://{host}:{port}", server.behaviour, server.log, server.connections
+            f"http://{host}:{port}",
+            server.behaviour,
+            server.log,
+            server.connections,
+            server.flight,
         )
     finally:
         server.shutdown()

@@ -215,13 +215,24 @@ def nine(tmp_path_factory):
     return _dataset(tmp_path_factory.mktemp("nine"), [11, 13, 7])
 
 
+def rank_saves_twice(rank, world, paths, k):
+    """Two runs of the same job, one after the other: ``rank_saves`` of each."""
+    return [rank_saves(rank, world, paths, k) for _ in range(2)]
+
+
+def rank_resumes_each(rank, world, paths, cases):
+    """``rank_resumes`` for each list of states in turn, on the same ranks."""
+    return [rank_resumes(rank, world, paths, states) for states in cases]
+
+
 @pytest.mark.distributed
 def test_ranks_catch_faulty_resumes(nine, tmp_path):
-    first = run_ranks(rank_saves, 2, nine, 2)  # one run: states after 2 and 4 batches
-    other = run_ranks(rank_saves, 2, nine, 2)  # another run of the same job
-    honest = run_ranks(rank_resumes, 2, nine, [first[0][1], first[1][1]])
-    assert [r[0] for r in honest] == ["ok", "ok"]
+    # Two jobs of 2 ranks (the saves, then every resume in turn), not six: the same checks.
+    saved = run_ranks(rank_saves_twice, 2, nine, 2)
+    first = [saved[0][0], saved[1][0]]  # one run: states after 2 and 4 batches
+    other = [saved[0][1], saved[1][1]]  # another run of the same job
     cases = {
+        "ok": [first[0][1], first[1][1]],  # the honest resume
         # a stale state file from another run on rank 1
         "other-run": [first[0][1], other[1][1]],
         # rank 1's state lost (e.g. when the number of ranks changed): it starts fresh
@@ -229,11 +240,13 @@ def test_ranks_catch_faulty_resumes(nine, tmp_path):
         # rank 1 resumes an older checkpoint of the same run: a restart of its stretch
         "out-of-step": [first[0][1], first[1][0]],
     }
-    for fault, states in cases.items():
-        got = run_ranks(rank_resumes, 2, nine, states)
-        for rank, (kind, text) in enumerate(got):
+    got = run_ranks(rank_resumes_each, 2, nine, list(cases.values()))
+    for i, fault in enumerate(cases):
+        for rank in range(2):
+            kind, text = got[rank][i]
             assert kind == fault, (fault, rank, text)
-            assert f"rank {rank}: epoch 0, step " in text
+            if fault != "ok":
+                assert f"rank {rank}: epoch 0, step " in text
 
 
 def rank_unsharded(rank, world, paths, dropping=False):
@@ -332,14 +345,34 @@ def even(tmp_path_factory):
     return _dataset(tmp_path_factory.mktemp("even"), [11, 13, 8])
 
 
+def rank_whole_epochs(rank, world, paths, cases):
+    """``rank_whole_epoch`` for each ``(faulty_rank, fault, dropping)`` in turn, on the same ranks."""
+    return [rank_whole_epoch(rank, world, paths, *case) for case in cases]
+
+
+#: Every whole-epoch case of the two tests below: (faulty rank, fault, dropping).
+_WHOLE_EPOCHS = [
+    (faulty, fault, dropping)
+    for dropping in (False, True)
+    for faulty, fault in [(-1, "stuck"), (1, "stuck"), (1, "skip"), (1, "shift")]
+]
+
+
+@pytest.fixture(scope="module")
+def whole_epochs(even):
+    """Each case's per-rank results, all from one job of 2 gloo ranks (eight jobs before)."""
+    got = run_ranks(rank_whole_epochs, 2, even, _WHOLE_EPOCHS)
+    return {case: [got[rank][i] for rank in range(2)] for i, case in enumerate(_WHOLE_EPOCHS)}
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize("dropping", [False, True], ids=["samples", "dropping-map"])
-def test_epoch_check_against_the_plan(even, dropping):
-    honest = run_ranks(rank_whole_epoch, 2, even, -1, "stuck", dropping)
+def test_epoch_check_against_the_plan(whole_epochs, dropping):
+    honest = whole_epochs[(-1, "stuck", dropping)]
     assert [kind for kind, _ in honest] == ["ok", "ok"]
     keys = [k for _, batches in honest for b in batches for k in b]
     assert len(keys) == len(set(keys)) == 32  # the check passed a run that is right
-    stuck = run_ranks(rank_whole_epoch, 2, even, 1, "stuck", dropping)  # rank 0's range on 1
+    stuck = whole_epochs[(1, "stuck", dropping)]  # rank 0's range on 1
     for rank, (kind, text) in enumerate(stuck):
         assert kind == "duplicate", text
         assert f"rank {rank}: epoch 0, step 8: duplicate: ranks 0 and 1 yielded the same 16" in text
@@ -355,9 +388,9 @@ def test_epoch_check_against_the_plan(even, dropping):
     ],
     ids=["skipped-stretch", "wrong-range"],
 )
-def test_epoch_end_verdicts(even, fault, verdict, what, dropping):
+def test_epoch_end_verdicts(whole_epochs, fault, verdict, what, dropping):
     """A rank reads a stretch too few, or a range one sample off: found at the epoch's end."""
-    got = run_ranks(rank_whole_epoch, 2, even, 1, fault, dropping)
+    got = whole_epochs[(1, fault, dropping)]
     for rank, (kind, text) in enumerate(got):
         assert kind == verdict, text
         assert f"rank {rank}: epoch 0, step 8: {verdict}: the ranks together {what}" in text
@@ -428,12 +461,15 @@ def test_verify_on_the_command_line(nine, tmp_path, capsys):
 def test_ranks_catch_a_state_dropped_when_the_world_grows(nine):
     """Saved on 1 rank, resumed on 2 where rank 1 got no state (Megatron-Bridge PR 5637's shape)."""
     (saved,) = run_ranks(rank_saves, 1, nine, 2)
-    grown = run_ranks(rank_resumes, 2, nine, [saved[0], None])
+    # Rank 1 without a state, then the elastic resume done right: one job of 2 ranks.
+    grown, both = zip(
+        *run_ranks(rank_resumes_each, 2, nine, [[saved[0], None], [saved[0], saved[0]]]),
+        strict=True,
+    )
     for rank, (kind, text) in enumerate(grown):
         assert kind == "dropped-state", text
         assert f"rank {rank}: epoch 0, step " in text
         assert "rank(s) 1 start without a loader state while rank(s) 0 resume one" in text
-    both = run_ranks(rank_resumes, 2, nine, [saved[0], saved[0]])  # the elastic resume, right
     assert [kind for kind, _ in both] == ["ok", "ok"]
 
 

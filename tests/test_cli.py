@@ -259,6 +259,17 @@ def test_bench_with_workers_and_limit(shard_pattern, capsys):
     assert "epoch 0: 24 samples" in capsys.readouterr().out  # stops after the batch that passes 20
 
 
+def test_bench_link_gives_the_epoch_as_a_fraction_of_the_measured_link(shard_pattern, capsys):
+    args = ["bench", shard_pattern, "--link", "3", "--batch-size", "8", "--no-progress"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    link = re.search(r"link: ([\d,.]+) MB/s with 3 range requests of 8.4 MB at once \((.+) in", out)
+    assert link, out
+    assert re.search(r"of the link: [\d,.]+ MB/s of shard bytes = \d+% of [\d,.]+ MB/s", out)
+    assert main([*args, "--limit", "10"]) == 0
+    assert "of the link: not compared (--limit" in capsys.readouterr().out
+
+
 def test_bench_profile_prints_the_cost_of_each_stage(shard_pattern, capsys):
     args = ["bench", shard_pattern, "--profile", "--shuffle-buffer", "10", "--decode"]
     assert main(args) == 0

@@ -92,10 +92,15 @@ def test_pad_policy_covers_everything_with_equal_batches(pattern):
     assert seen == set(range(TOTAL)), "pad must not drop any sample"
 
 
+def run_loaders(rank, world, pattern, runs):
+    """``run_epochs`` for each ``(workers, policy, n_epochs, seed)`` in turn, on the same ranks."""
+    return [run_epochs(rank, world, pattern, *run) for run in runs]
+
+
 def test_same_seed_same_batches_new_order_each_epoch(pattern):
-    a = run_ranks(run_epochs, 2, pattern, 2, "stop", 2, 5)
-    b = run_ranks(run_epochs, 2, pattern, 2, "stop", 2, 5)
-    c = run_ranks(run_epochs, 2, pattern, 2, "stop", 1, 6)
+    # One job of 2 ranks runs the three loaders one after the other (three jobs before).
+    runs = [(2, "stop", 2, 5), (2, "stop", 2, 5), (2, "stop", 1, 6)]
+    a, b, c = zip(*run_ranks(run_loaders, 2, pattern, runs), strict=True)
     assert [r["epochs"] for r in a] == [r["epochs"] for r in b]
     for r in a:
         assert r["epochs"][0] != r["epochs"][1]

@@ -10,9 +10,10 @@ from torchdata.nodes import Loader, ParallelMapper
 
 from _dist import run_ranks
 from _graphs import id_graph
-from shardpipes.dataloader2 import DataLoader2
+from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.nodes import World, as_node
+from shardpipes.plan.restore import Topology
 from shardpipes.synthetic import write_synthetic
 
 TOTAL = 11 + 13 + 17 + 19 + 23 + 29 + 31
@@ -71,9 +72,17 @@ def test_workers_of_a_rank_split_the_shards(shard_pattern):
     assert sorted(parts[0] + parts[1]) == list(range(TOTAL))
 
 
-def test_world_validates():
+def test_world_is_a_reader_of_the_loaders_one_topology_and_validates():
+    node = as_node(IterableWrapper(range(4)), worker=1, num_workers=2)
+    assert node.world == World(worker=1, num_workers=2)
+    assert node.world.topology.same_split(MultiProcessingReadingService(2).topology())
+    assert node.world.topology == Topology(readers_per_rank=2)
     with pytest.raises(ValueError, match=r"rank\(3\) should be in \[0, world_size\(2\)\)"):
-        World(rank=3, world_size=2)
+        as_node(IterableWrapper(range(4)), rank=3, world_size=2)
+    with pytest.raises(
+        ValueError, match=r"worker\(2\) should be in \[0, max\(num_workers\(2\), 1\)\)"
+    ):
+        World(worker=2, num_workers=2)
 
 
 def test_parallel_mapper_inside_a_graph_keeps_order():
@@ -86,13 +95,17 @@ def rank_via_nodes(rank, world, pattern):
     return epochs(Loader(as_node(id_graph(pattern), seed=1)))
 
 
+def rank_via_nodes_twice(rank, world, pattern):
+    return [rank_via_nodes(rank, world, pattern) for _ in range(2)]
+
+
 @pytest.mark.distributed
 def test_nodes_path_on_three_ranks(tmp_path):
     counts = [11, 13, 17, 19, 23, 29, 31]
     write_synthetic(tmp_path, shards=7, samples=counts, payload_bytes=16)
     pattern = f"{tmp_path}/train-{{000000..000006}}.tar"
-    first = run_ranks(rank_via_nodes, 3, pattern)
-    again = run_ranks(rank_via_nodes, 3, pattern)
+    # Twice on the same 3 ranks (one job; two before): the same seed gives the same epochs.
+    first, again = zip(*run_ranks(rank_via_nodes_twice, 3, pattern), strict=True)
     assert first == again
     for e in range(2):
         per_rank = [r[e] for r in first]

@@ -11,13 +11,13 @@ import time
 
 import pytest
 
+import shardpipes.storage.pool as pool_module
 from servers import read_samples
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.datapipes.iter.fsspec import open_url
 from shardpipes.storage.readahead import (
     AUTO_MAX_BLOCK,
     AUTO_MAX_BYTES,
-    AUTO_REQUESTS,
     Readahead,
     auto_block_size,
 )
@@ -60,9 +60,9 @@ def test_s3_streams_skip_the_range_probe(s3, fault_proxy):
     proxy = fault_proxy(s3.endpoint)
     with open_url(url, storage_options=s3.options(proxy.url), block_size=64 << 10) as f:
         pool = f._q.pool
-        # Before anything is read, as many blocks are claimed as the budget allows: not one
+        # Before anything is read, every block is claimed (all 16 fit in the budget): not one
         # probe first.
-        _wait_for(lambda: pool.requests >= AUTO_REQUESTS, f"{AUTO_REQUESTS} requests")
+        _wait_for(lambda: pool.requests >= 16, "16 requests")
         assert f.tell() == 0
         assert f.read() == data
     assert len(proxy.log.gets("big.bin")) == len(data) // (64 << 10)
@@ -129,7 +129,8 @@ def test_budget_holds_across_streams(http_server, shards):
 
 
 @pytest.mark.http
-def test_automatic_budget_stays_within_64_mib(http_server):
+def test_automatic_budget_stays_within_64_mib(http_server, monkeypatch):
+    monkeypatch.setattr(pool_module, "_pool", None)  # a pool of its own: nothing learnt yet
     data = bytes(range(256)) * (160 << 12)  # 160 MiB would be held whole without a bound
     urls = [http_server.add(f"s{i}.bin", data[: (40 << 20)]) for i in range(4)]
     peak_block = 0
@@ -141,8 +142,9 @@ def test_automatic_budget_stays_within_64_mib(http_server):
             pass
         stream.close()
     (pool,) = pools
-    assert peak_block == AUTO_MAX_BLOCK
+    assert peak_block == AUTO_MAX_BLOCK  # the first stream's, before any raise
     assert pool.peak_bytes <= AUTO_MAX_BYTES
+    assert pool.shared.peak_held <= AUTO_MAX_BYTES
     assert AUTO_MAX_BYTES + AUTO_MAX_BLOCK <= 64 << 20  # held ahead + the block being read
 
 

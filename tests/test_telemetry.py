@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import pathlib
 import threading
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from _dist import run_ranks
 from shardpipes.dataloader2 import (
@@ -19,10 +22,13 @@ from shardpipes.dataloader2 import (
 from shardpipes.dataloader2.telemetry import (
     BUDGET,
     LOADER,
+    MAX_WAIT,
     Snapshot,
     StageCost,
+    StageSampler,
     StorageFigures,
     WorkerFigures,
+    next_wait,
     stage_labels,
     verdict,
 )
@@ -71,8 +77,119 @@ def test_the_report_names_a_deliberately_slow_stage(workers):
         assert "MultiProcessingReadingService" in found.text
 
 
-# Timing-dependent (what a stack sampler sees in a quarter of a second, on ranks sharing 2 cores):
-# failed 1 run in 3 on a quiet machine, so it runs in tox -e slow, not in the deterministic default.
+# --- the sampler's budget: the rule as a pure function of counted CPU, then the real sampler ------
+
+
+def _run_rule(costs, busy, *, interval, budget, max_wait=MAX_WAIT):
+    """Looks that cost ``costs[i]`` CPU each, the sampled thread busy ``busy[i]`` of each wait.
+
+    Returns, after each look: the sampler's CPU, the sampled CPU, and the wait before that look.
+    """
+    wait, own, sampled, out = interval, 0.0, 0.0, []
+    for cost, share in zip(costs, busy, strict=True):
+        sampled += share * wait
+        own += cost
+        out.append((own, sampled, wait))
+        wait = next_wait(wait, own, sampled, interval=interval, budget=budget, max_wait=max_wait)
+    return out
+
+
+_INTERVALS = st.sampled_from([1e-4, 1e-3, 0.01, 0.1])
+_BUDGETS = st.floats(1e-4, 0.5)
+_UNITS = st.lists(st.tuples(st.floats(0.0, 1.0), st.floats(0.0, 1.0)), min_size=1, max_size=300)
+
+
+@given(
+    at=st.floats(0.0, 1.0),
+    own=st.floats(0.0, 10.0),
+    sampled=st.floats(0.0, 10.0),
+    interval=st.floats(1e-4, 2.0),
+    budget=_BUDGETS,
+)
+@example(at=0.0, own=1.0, sampled=0.0, interval=2.0, budget=0.1)  # interval > MAX_WAIT
+def test_the_budget_rule_waits_longer_over_budget_and_never_outside_its_bounds(
+    at, own, sampled, interval, budget
+):
+    longest = max(MAX_WAIT, interval)
+    wait = interval + at * (longest - interval)  # a wait the rule can have chosen before
+    got = next_wait(wait, own, sampled, interval=interval, budget=budget)
+    assert interval <= got <= longest  # never looks more often than asked, nor too rarely
+    if own > budget * sampled:
+        assert got == min(2 * wait, max(MAX_WAIT, interval))
+    else:
+        assert got == max(wait / 2, interval)
+
+
+@given(
+    interval=_INTERVALS,
+    budget=_BUDGETS,
+    floor=st.floats(0.01, 1.0),
+    ideal=st.floats(0.0, 1.0),
+    units=_UNITS,
+)
+# Found by `tox -e explore` against a rule that never waits longer: five dear looks in a row.
+@example(interval=0.01, budget=0.5, floor=1.0, ideal=0.0625, units=[(1.0, 0.0)] * 5)
+def test_the_sampler_cpu_stays_within_budget_plus_a_few_looks(
+    interval, budget, floor, ideal, units
+):
+    # The wait at which the dearest look fits the budget of the least busy thread, up to MAX_WAIT.
+    ideal_wait = max(interval, ideal * MAX_WAIT)
+    dearest = ideal_wait * budget * floor
+    costs = [dearest * u for u, _ in units]
+    busy = [floor + (1 - floor) * b for _, b in units]
+    few = 1 + math.ceil(math.log2(ideal_wait / interval))
+    for own, sampled, _ in _run_rule(costs, busy, interval=interval, budget=budget):
+        assert own <= (budget * sampled + few * dearest) * (1 + 1e-9)  # 1e-9: float sums
+
+
+@given(interval=_INTERVALS, budget=_BUDGETS, looks=st.integers(1, 60), busy=st.floats(0.01, 1.0))
+def test_looks_that_cannot_meet_the_budget_come_once_per_max_wait(interval, budget, looks, busy):
+    cost = 1.01 * budget * busy * MAX_WAIT  # over budget even after the longest wait
+    run = _run_rule([cost] * looks, [busy] * looks, interval=interval, budget=budget)
+    assert [w for _, _, w in run] == [min(interval * 2**k, MAX_WAIT) for k in range(looks)]
+
+
+@given(interval=_INTERVALS, budget=_BUDGETS, units=_UNITS, floor=st.floats(0.01, 1.0))
+def test_looks_the_budget_affords_come_every_interval(interval, budget, units, floor):
+    cheap = 0.999 * budget * floor * interval  # within budget after the shortest wait
+    costs = [cheap * u for u, _ in units]
+    busy = [floor + (1 - floor) * b for _, b in units]
+    assert {w for _, _, w in _run_rule(costs, busy, interval=interval, budget=budget)} == {interval}
+
+
+def _look_until(sampler: StageSampler, looks: int) -> None:
+    """Run a CPU-busy graph on this thread, sampled, until the sampler has looked ``looks`` times."""
+    graph = IterableWrapper(range(10**6)).map(burn)
+    sampler.start()
+    try:
+        for _ in graph:
+            if sampler.looks >= looks:
+                break
+    finally:
+        sampler.stop()
+
+
+@pytest.mark.parametrize(
+    ("budget", "expected"),
+    [
+        (math.inf, lambda interval, n: {interval: n}),
+        (1e-12, lambda interval, n: {interval * 2**k: 1 for k in range(n)}),
+    ],
+    ids=["within-budget", "over-budget"],
+)
+def test_the_sampler_spaces_its_looks_as_the_budget_rule_says(budget, expected):
+    # Counted, not timed: the looks taken and the wait before each, on a real sampler thread.
+    # No budget: every wait is `interval`; a budget no look fits: each wait doubles.
+    interval = 0.0005
+    graph = IterableWrapper(range(4)).map(burn)
+    sampler = StageSampler(graph, interval, budget=budget)
+    _look_until(sampler, 8)
+    assert sampler.looks >= 8 and sampler.ticks == sampler.looks  # a worker: every look counts
+    assert sampler.waits == expected(interval, sampler.looks)
+
+
+# Timed: the sampler's real share of CPU in a quarter second, on this machine. It failed 1 run in
+# 3 on a quiet machine, so it runs in tox -e slow; the rule and the looks above are the default.
 @pytest.mark.slow
 def test_the_sampler_keeps_its_cpu_within_its_budget():
     dl = DataLoader2(_slow_graph())
@@ -262,9 +379,65 @@ def _rank_run(rank: int, world: int) -> dict:
     return {"mine": mine, "snap": snap.as_dict()}
 
 
+def _rank_counted(rank: int, world: int, paths: list[str]) -> dict:
+    dp = (
+        IterableWrapper(paths)
+        .sharding_filter()
+        .open_files_by_fsspec()
+        .load_from_tar(handler="skip")
+        .webdataset()
+        .batch(4)
+    )
+    rs = SequentialReadingService(
+        DistributedReadingService(), MultiProcessingReadingService(num_workers=1)
+    )
+    dl = DataLoader2(dp, reading_service=rs)
+    telemetry = dl.watch(interval=None)  # counted figures only: no stack sampling
+    with dl:
+        batches = list(dl)
+        snap = telemetry.snapshot()
+    return {
+        "batches": len(batches),
+        "urls": sorted({s["__url__"] for b in batches for s in b}),
+        "samples": sum(len(b) for b in batches),
+        "snap": snap.as_dict(),
+        "verdict": verdict(snap).text,
+    }
+
+
 @pytest.mark.distributed
-# Timing-dependent (what a stack sampler sees in a quarter of a second, on ranks sharing 2 cores):
-# failed 1 run in 3 on a quiet machine, so it runs in tox -e slow, not in the deterministic default.
+def test_each_rank_has_its_own_snapshot_and_verdict_from_its_counted_work(tmp_path):
+    # Uneven shards, one of them cut short on rank 1: each rank's counted figures are its own.
+    paths = write_synthetic(tmp_path, shards=4, samples=[9, 12, 11, 8], payload_bytes=64)
+    raw = pathlib.Path(paths[3]).read_bytes()
+    pathlib.Path(paths[3]).write_bytes(raw[: len(raw) // 2])  # no end-of-archive marker
+    kept = IterableWrapper(paths[3:]).open_files_by_fsspec().load_from_tar(handler="skip")
+    kept = len(list(kept.webdataset()))
+    # Both ranks make 5 batches of 4 (9 + 11; 12 + what the cut shard keeps), so the loader's
+    # equal batches per rank hand out every batch each worker made.
+    assert 5 <= kept < 8, kept
+    results = run_ranks(_rank_counted, 2, paths)
+    for rank, out in enumerate(results):
+        snap = Snapshot.from_dict(out["snap"])
+        mine = paths[rank::2]  # sharding_filter: rank r reads shards r and r + 2
+        assert (snap.rank, snap.world_size) == (rank, 2)
+        assert (
+            (snap.batches, snap.samples) == (out["batches"], out["samples"]) == (5, out["samples"])
+        )
+        assert [(w.worker, w.items) for w in snap.workers] == [(0, 5)]  # the last bundle reports
+        assert snap.storage.bytes_read == sum(os.path.getsize(p) for p in mine)
+        assert out["urls"] == mine and snap.ticks == 0 and snap.stages == ()
+        assert verdict(snap).workers == 1 and verdict(snap).where == "worker"
+    assert [out["samples"] for out in results] == [9 + 11, 12 + kept]
+    assert Snapshot.from_dict(results[0]["snap"]).skipped == 0
+    assert "skipped" not in results[0]["verdict"]
+    assert Snapshot.from_dict(results[1]["snap"]).skipped == 1
+    assert "error handlers skipped 1 samples or shards" in results[1]["verdict"]
+
+
+# Timed: the sampled verdict (the `map` stage) of each of 2 ranks sharing 2 cores. It failed 1
+# run in 3 on a quiet machine, so it runs in tox -e slow; the counted test above is the default.
+@pytest.mark.distributed
 @pytest.mark.slow
 def test_each_rank_has_its_own_snapshot():
     results = run_ranks(_rank_run, 2)

@@ -28,8 +28,10 @@ from shardpipes.dataloader2.graph import (
     lean_graph,
     refuse_unsupported,
 )
+from shardpipes.datapipes.iter.base import traits_of
 from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe, gloo_group
 from shardpipes.plan.epoch import EpochPlan
+from shardpipes.plan.restore import Topology
 
 __all__ = ["DataPipeNode", "World", "as_node"]
 
@@ -41,6 +43,8 @@ class World:
     ``rank`` of ``world_size``; ``distributed``: whether a ``DistributedReadingService`` would
     run it (it spawns the rank into the seed path even on one rank); ``worker`` of
     ``num_workers`` worker processes (``0``: the rank's own process, no worker part).
+    :attr:`topology` is the same split as the loader's one topology value
+    (:class:`~shardpipes.plan.restore.Topology`, what reading services answer and states record).
     """
 
     rank: int = 0
@@ -57,6 +61,16 @@ class World:
                 f"worker({self.worker}) should be in [0, max(num_workers({self.num_workers}), 1))"
             )
 
+    @property
+    def topology(self) -> Topology:
+        """This split as the loader's :class:`~shardpipes.plan.restore.Topology`."""
+        return Topology(
+            ranks=self.world_size,
+            readers_per_rank=self.num_workers,
+            distributed=self.distributed,
+            rank=self.rank,
+        )
+
     @classmethod
     def detect(cls) -> World:
         """Rank and world size from the default ``torch.distributed`` group, if initialised."""
@@ -66,13 +80,14 @@ class World:
 
     def seed_generator(self, seed: int, epoch: int) -> EpochPlan:
         """The plan ``DataLoader2`` gives this reader (``EpochPlan.for_reader``: one rule)."""
+        t = self.topology
         return EpochPlan.for_reader(
             seed,
             epoch,
-            self.rank,
+            t.rank,
             self.worker,
-            distributed=self.distributed,
-            num_workers=self.num_workers,
+            distributed=t.distributed,
+            num_workers=t.readers_per_rank,
         )
 
 
@@ -208,18 +223,16 @@ def as_node(
             detected.distributed or (world_size or 1) > 1 if distributed is None else distributed
         ),
     )
+    topology = world.topology
     refuse_unsupported(datapipe)
     graph = lean_graph(copy.deepcopy(datapipe))
     # apply_sharding configures the graph in place (it returns the same root).
-    if world.world_size > 1:
-        apply_sharding(graph, world.world_size, world.rank, SHARDING_PRIORITIES.DISTRIBUTED)
-    if world.num_workers > 1:
-        apply_sharding(graph, world.num_workers, world.worker, SHARDING_PRIORITIES.MULTIPROCESSING)
-    if (
-        equal_length is not None
-        and world.world_size > 1
-        and not isinstance(graph, FullSyncIterDataPipe)
-    ):
+    if topology.ranks > 1:
+        apply_sharding(graph, topology.ranks, topology.rank, SHARDING_PRIORITIES.DISTRIBUTED)
+    if topology.readers_per_rank > 1:
+        workers = topology.readers_per_rank
+        apply_sharding(graph, workers, world.worker, SHARDING_PRIORITIES.MULTIPROCESSING)
+    if equal_length is not None and topology.ranks > 1 and not traits_of(graph).syncs_ranks:
         graph = FullSyncIterDataPipe(graph, timeout, policy=equal_length)
         graph.set_process_group(gloo_group(timeout))
     if not isinstance(graph, IterDataPipe):

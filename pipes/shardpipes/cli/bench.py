@@ -11,8 +11,17 @@ from typing import Any
 
 from shardpipes.cli._command import NO_PROGRESS, Command, arg, flag
 from shardpipes.formats.stream import StreamBytes
+from shardpipes.storage.link import Link, measure_link
 
-__all__ = ["COMMAND", "pipeline", "print_profile", "run", "sample_bytes", "stage_profile"]
+__all__ = [
+    "COMMAND",
+    "link_line",
+    "pipeline",
+    "print_profile",
+    "run",
+    "sample_bytes",
+    "stage_profile",
+]
 
 COMMAND = Command(
     "bench",
@@ -59,6 +68,15 @@ COMMAND = Command(
             "--index",
             help="split by samples with the shard index (sharding_by_index) instead of "
             "sharding_filter (build it first with `shardpipes index`)",
+        ),
+        arg(
+            "--link",
+            type=int,
+            default=0,
+            metavar="N",
+            help="first measure the link: N range requests of 8 MiB at once over the same "
+            "shards (the first GiB), no parsing; then give each epoch's MB/s of shard bytes as "
+            "a fraction of it (default: 0, not measured)",
         ),
         flag(
             "--profile",
@@ -156,6 +174,17 @@ def print_profile(dp: Any) -> None:
         )
 
 
+def link_line(link: Link, seconds: float, *, whole: bool) -> str:
+    """An epoch's MB/s of shard bytes against the measured link (``whole``: every shard read)."""
+    if not whole:
+        return "of the link: not compared (--limit stops the epoch before the shards end)"
+    mbps = link.object_bytes / max(seconds, 1e-9) / 1e6
+    return (
+        f"of the link: {mbps:,.1f} MB/s of shard bytes = {mbps / link.mb_per_s:.0%} of "
+        f"{link.mb_per_s:,.1f} MB/s ({link.requests} range requests at once)"
+    )
+
+
 def sample_bytes(sample: dict[str, Any]) -> int:
     """Bytes of a sample's fields (``__key__`` and ``__url__`` excluded)."""
     return sum(
@@ -206,6 +235,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"profile of {len(urls)} shards in this process, batch size {args.batch_size}")
         print_profile(dp)
         return 0
+    link = None
+    if args.link:
+        link = measure_link(urls, requests=args.link)
+        print(
+            f"link: {link.mb_per_s:,.1f} MB/s with {link.requests} range requests of "
+            f"{format_bytes(link.block_size)} at once ({format_bytes(link.nbytes)} in "
+            f"{link.seconds:.2f} s)"
+        )
     how = "in this process" if args.workers == 0 else f"DataLoader2 with {args.workers} workers"
     print(f"reading {len(urls)} shards {how}, batch size {args.batch_size}")
     with _loader(dp, args.workers) as loader:
@@ -231,6 +268,8 @@ def run(args: argparse.Namespace) -> int:
                 f"epoch {epoch}: {n} samples, {format_bytes(nbytes)} in {seconds:.2f} s: "
                 f"{n / seconds:,.0f} samples/s, {nbytes / seconds / 1e6:,.1f} MB/s{startup}"
             )
+            if link is not None:
+                print("  " + link_line(link, seconds, whole=not args.limit))
     return 0
 
 

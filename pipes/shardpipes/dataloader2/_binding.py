@@ -28,8 +28,7 @@ from typing import Any, Literal
 
 from torch.utils.data import IterDataPipe
 
-from shardpipes.dataloader2.graph import stages_of
-from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
+from shardpipes.dataloader2.graph import describe, stages_of
 from shardpipes.index.document import ShardIndex, find_index
 from shardpipes.plan.identity import MASK, digest
 
@@ -62,8 +61,9 @@ def _hash(lines: Iterable[str]) -> str:
     return h.hexdigest()
 
 
-def _sharder(datapipe: IterDataPipe[Any]) -> IndexSharderIterDataPipe | None:
-    found = [dp for dp in stages_of(datapipe) if isinstance(dp, IndexSharderIterDataPipe)]
+def _sharder(datapipe: IterDataPipe[Any]) -> Any:
+    """The graph's one ``sharding_by_index`` (a sharding point that seeks its reads), or ``None``."""
+    found = describe(datapipe).index_sharders()
     return found[0] if len(found) == 1 else None
 
 

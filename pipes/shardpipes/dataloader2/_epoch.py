@@ -22,7 +22,7 @@ from shardpipes.dataloader2.graph.identity import carry_ids
 from shardpipes.dataloader2.random.seed_generator import SeedGenerator, int64_seed
 from shardpipes.dataloader2.reading_service import handed
 from shardpipes.dataloader2.workers.graph_copy import copy_graph
-from shardpipes.datapipes.iter.sync import FullSyncIterDataPipe
+from shardpipes.datapipes.iter.base import traits_of
 from shardpipes.errors import AttestationWarning, ShardingWarning
 from shardpipes.handlers import SkipStats
 from shardpipes.plan.epoch import EpochPlan
@@ -60,8 +60,9 @@ def stats(dl: Any) -> dict[str, Any]:
         "skipped_shards": skipped.shards,
         "skipped_examples": list(skipped.examples),
     }
-    if isinstance(dl._graph, FullSyncIterDataPipe):
-        out["sync"] = dl._graph.stats.as_dict()
+    sync = getattr(dl._graph, "stats", None) if traits_of(dl._graph).syncs_ranks else None
+    if sync is not None:  # the last stage evens out the ranks (fullsync(), or the user's own)
+        out["sync"] = sync.as_dict()
     return out
 
 

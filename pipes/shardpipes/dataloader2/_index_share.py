@@ -17,21 +17,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.utils.data import IterDataPipe
-from torch.utils.data.graph import traverse_dps
-from torch.utils.data.graph_settings import get_all_graph_pipes
 
-from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
+from shardpipes.dataloader2.graph import describe
 from shardpipes.datapipes.iter.sync import settled
 from shardpipes.index.document import ShardIndex
 
 __all__ = ["share_indexes"]
 
 
-def _unloaded(datapipe: IterDataPipe[Any]) -> list[IndexSharderIterDataPipe]:
+def _unloaded(datapipe: IterDataPipe[Any]) -> list[Any]:
+    """The graph's ``sharding_by_index`` stages whose index is not loaded (a URL or ``None``)."""
     return [
-        dp
-        for dp in get_all_graph_pipes(traverse_dps(datapipe))
-        if isinstance(dp, IndexSharderIterDataPipe) and not isinstance(dp.index, ShardIndex)
+        dp for dp in describe(datapipe).index_sharders() if not isinstance(dp.index, ShardIndex)
     ]
 
 
@@ -47,15 +44,14 @@ def share_indexes(datapipe: IterDataPipe[Any], group: Any, rank: int) -> int:
     payload: list[Any] = [None]
     if rank == 0:
         try:
-            payload[0] = [s._index(list(s.source_datapipe)) for s in sharders]
+            payload[0] = [s.load_index() for s in sharders]
         except Exception as exc:  # every rank raises it, instead of the others hanging
             payload[0] = exc
     found = _broadcast(payload[0], rank, group)
     if isinstance(found, BaseException):
         raise found
     for sharder, index in zip(sharders, found, strict=True):
-        sharder.index = index
-        sharder._loaded = index
+        sharder.index = index  # loaded: the sharder reads no index file again
     return len(sharders)
 
 

@@ -11,6 +11,7 @@ from torch.utils.data import IterDataPipe
 
 from shardpipes.dataloader2.graph import registered_names, stages_of
 from shardpipes.datapipes.iter._lean import LeanFilterIterDataPipe
+from shardpipes.datapipes.iter.base import traits_of
 from shardpipes.errors import EmptyEpochWarning
 from shardpipes.handlers import SkipStats
 
@@ -105,8 +106,7 @@ def flow_stages(datapipe: IterDataPipe[Any]) -> list[Any]:
     return [
         dp
         for dp in stages_of(datapipe)
-        if isinstance(dp, LeanFilterIterDataPipe)
-        or isinstance(getattr(dp, "skipped", None), SkipStats)
+        if traits_of(dp).counts_drops or isinstance(getattr(dp, "skipped", None), SkipStats)
     ]
 
 
@@ -114,7 +114,7 @@ def read_flows(stages: Iterable[Any]) -> list[StageFlow]:
     """The current totals of ``stages`` (from :func:`flow_stages`)."""
     out = []
     for dp in stages:
-        if isinstance(dp, LeanFilterIterDataPipe):
+        if traits_of(dp).counts_drops:
             out.append(StageFlow(describe(dp), dp.dropped, dp.passing))
         else:
             skipped: SkipStats = dp.skipped

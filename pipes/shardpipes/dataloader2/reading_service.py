@@ -48,7 +48,12 @@ from shardpipes.dataloader2._stats import (
     skips_from_dict,
     source_of_graph,
 )
-from shardpipes.dataloader2.graph import apply_epoch_plan, has_sharding, stages_of
+from shardpipes.dataloader2.graph import (
+    apply_epoch_plan,
+    describe,
+    has_sharding,
+    registered_names,
+)
 from shardpipes.dataloader2.graph.utils import _swap_in
 from shardpipes.dataloader2.protocol import Collectives, Topology
 from shardpipes.dataloader2.random.distributed import dist_share_seed
@@ -60,7 +65,7 @@ from shardpipes.dataloader2.workers.bundles import Interleave
 from shardpipes.dataloader2.workers.dataset import EpochSlot, WorkerDataset
 from shardpipes.dataloader2.workers.pool import MainPrefetcherIterDataPipe, WorkerPoolIterDataPipe
 from shardpipes.datapipes.iter._index_length import exact_length_plan
-from shardpipes.datapipes.iter.base import in_main_process
+from shardpipes.datapipes.iter.base import in_main_process, traits_of
 from shardpipes.datapipes.iter.prefetch import PrefetcherIterDataPipe
 from shardpipes.datapipes.iter.sync import (
     ExactLengthIterDataPipe,
@@ -629,27 +634,22 @@ class DistributedReadingService(ReadingServiceInterface):
             self._datapipe = datapipe
             return datapipe
         tail, core = _split_tail(datapipe)
-        plan = (
-            None
-            if any(isinstance(t, FullSyncIterDataPipe) for t, _ in tail)
-            else exact_length_plan(core)
-        )
+        plan = None if any(traits_of(t).syncs_ranks for t, _ in tail) else exact_length_plan(core)
         if plan is not None:
             # With an index every rank's length is known: guard it in place of fullsync, so an
             # epoch costs one collective (the seed check below), not one per chunk.
             self._datapipe = _reattach(tail, ExactLengthIterDataPipe(core, *plan))
             return self._datapipe
-        if not isinstance(datapipe, FullSyncIterDataPipe):
+        if not traits_of(datapipe).syncs_ranks:  # the user's own last stage may even them out
             datapipe = FullSyncIterDataPipe(
                 datapipe, self.timeout, policy=self.policy, sync_every=self.sync_every
             )
-        inner = [
-            dp for dp in stages_of(datapipe.source_datapipe) if isinstance(dp, FullSyncIterDataPipe)
-        ]
+        inner = [n.stage for n in describe(datapipe).nodes[1:] if n.traits.syncs_ranks]
         if inner:
+            name = registered_names().get(type(inner[0]), type(inner[0]).__name__)
             raise ValueError(
-                "fullsync() may only be the last stage of the graph (it synchronises ranks in the "
-                "main process); remove the inner fullsync()"
+                f"{name}() may only be the last stage of the graph (it synchronises ranks in the "
+                f"main process); remove the inner {name}()"
             )
         datapipe.set_process_group(self._group)
         self._datapipe = datapipe

@@ -8,9 +8,17 @@ with a stream open. Were threads and connections per opener, a 35-source mixture
 :class:`ProcessPool` per process (a forked child starts its own), shared by every stream of it,
 one source or many:
 
-- **fetch threads** (named ``shardpipes-readahead``): at most ``threads`` per process. Each
-  reader's read-ahead is a *lane* with its own order and memory budget; the threads serve the
-  lanes in turn. They start when a lane has work and end when no lane has any.
+- **fetch threads** (named ``shardpipes-readahead``): at most ``threads`` per process, and
+  fewer while fewer carry as much: how many requests are in flight is learnt from the
+  requests that finished (:class:`~shardpipes.storage.adapt.Concurrency`: raised while the
+  throughput rises with it). Each reader's read-ahead is a *lane* with its own order; the
+  threads serve the lanes in turn. They start when a lane has work and end when no lane has
+  any.
+- **read-ahead bytes**: blocks in flight or fetched and not yet read, over every stream of
+  every reader of the process, stay within ``readahead_bytes`` (one budget per process, not
+  per stream or reader), plus the block each reading thread holds and one a reading thread
+  fetches itself when the budget is full of other streams' blocks. Raising the count never
+  raises the memory: a block that does not fit waits.
 - **opener threads** (``shardpipes-open``): at most ``openers`` per process look up the next
   shards of every lane, so that their first blocks can be requested ahead.
 - **open streams**: at most ``streams`` remote streams per process hold a read-ahead queue or a
@@ -29,19 +37,22 @@ at most ``threads + openers`` plus one per thread that reads (a stream read with
 ``readahead=0`` fetches in the reading thread); connections held between requests belong to
 the ``streams`` open streams. The limits come from the environment
 (``SHARDPIPES_FETCH_THREADS``, ``SHARDPIPES_OPEN_STREAMS``, read when a process first reads a
-remote stream, so worker processes get them too) or :func:`set_fetch_limits`.
+remote stream, so worker processes get them too; ``SHARDPIPES_READAHEAD_BYTES`` for the
+budget, with an optional ``K``/``M``/``G`` suffix of binary units) or :func:`set_fetch_limits`.
 
 Examples:
     >>> limits = fetch_limits()
-    >>> limits.threads, limits.streams, limits.openers
-    (12, 16, 2)
+    >>> limits.threads, limits.streams, limits.openers, limits.readahead_bytes >> 20
+    (32, 16, 2, 56)
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import os
 import threading
+import time
 import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -49,9 +60,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from shardpipes.storage.adapt import Concurrency
+
 __all__ = [
     "DEFAULT_FETCH_THREADS",
     "DEFAULT_OPEN_STREAMS",
+    "DEFAULT_READAHEAD_BYTES",
+    "START_REQUESTS",
     "FetchLimits",
     "ProcessPool",
     "ReopeningFile",
@@ -60,13 +75,17 @@ __all__ = [
     "set_fetch_limits",
 ]
 
-# One reader alone keeps what it had with threads of its own: 12 requests of 1-8 MiB in flight
-# (at 50 ms and 50 MB/s per connection, 12 small blocks read faster than 8: docs/cloud-storage.md,
-# "Which options matter where"). 16 streams: one reader's current shard and the shards it opens
-# ahead (at most 8), with room for a few sources read in turn.
-DEFAULT_FETCH_THREADS = 12
+# At most 32 requests in flight (31 blocks of 1.75 MiB fit in the default budget, or more of
+# 8 MiB in a larger one); how many run is measured (adapt.py, docs/cloud-storage.md).
+# 56 MiB of read-ahead per process: what one reader held before the budget was the process's
+# (with the 8 MiB block being read: 64 MiB). 16 streams: one reader's current shard and the
+# shards it opens ahead (at most 8), with room for a few sources read in turn.
+DEFAULT_FETCH_THREADS = 32
 DEFAULT_OPEN_STREAMS = 16
+DEFAULT_READAHEAD_BYTES = 56 << 20
 _OPENERS = 2
+# Requests in flight at first: 6 blocks of 8 MiB and one more fill the default budget.
+START_REQUESTS = 6
 
 
 @dataclass(frozen=True)
@@ -74,9 +93,11 @@ class FetchLimits:
     """The bounds of one process's fetch pool.
 
     Attributes:
-        threads: Fetch threads (requests in flight for read-ahead). Default: ``12``.
+        threads: The most fetch threads (requests in flight for read-ahead). Default: ``32``.
         streams: Remote streams holding a read-ahead queue or a connection. Default: ``16``.
         openers: Threads looking up shards ahead. Default: ``2``.
+        readahead_bytes: Bytes of blocks in flight or not yet read, over every stream of the
+            process. Default: ``56 MiB``.
 
     Raises:
         ValueError: A bound below 1, naming it.
@@ -85,28 +106,39 @@ class FetchLimits:
     threads: int = DEFAULT_FETCH_THREADS
     streams: int = DEFAULT_OPEN_STREAMS
     openers: int = _OPENERS
+    readahead_bytes: int = DEFAULT_READAHEAD_BYTES
 
     def __post_init__(self) -> None:
-        for name in ("threads", "streams", "openers"):
+        for name in ("threads", "streams", "openers", "readahead_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"fetch limit {name} should be an integer >= 1, got {value!r}")
 
 
-def _env_limit(name: str, default: int) -> int:
+logger = logging.getLogger(__name__)
+
+_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def _env_limit(name: str, default: int, units: bool = False) -> int:
     raw = os.environ.get(name)
-    if raw is None or raw == "":
+    if raw is None or raw.strip() == "":
         return default
+    text, scale = raw.strip(), 1
+    if units and text[-1:].upper() in _UNITS:
+        text, scale = text[:-1], _UNITS[text[-1:].upper()]
     try:
-        return int(raw)
+        return int(text) * scale
     except ValueError:
-        raise ValueError(f"{name}={raw!r} should be an integer >= 1") from None
+        what = "an integer >= 1 (K, M or G: KiB, MiB, GiB)" if units else "an integer >= 1"
+        raise ValueError(f"{name}={raw!r} should be {what}") from None
 
 
 class Lane(Protocol):
     """What the pool needs of one reader's read-ahead (:class:`~shardpipes.storage.readahead.Readahead`)."""
 
     in_flight: int
+    fixed: int  # requests the reader asked for (``readahead=N``), 0: as many as the pool allows
 
     def wanted(self) -> int:
         """Fetch threads this lane could keep busy now."""
@@ -131,6 +163,9 @@ class ProcessPool:
     Attributes:
         limits: The bounds.
         cond: The one lock of every read-ahead lane of the process.
+        concurrency: The requests in flight allowed now, learnt from finished requests.
+        held: Bytes of blocks in flight or not yet read, over every lane (``blocks`` of them);
+            ``peak_held`` the most at once.
         threads: Fetch threads running now; ``peak_threads`` the most at once.
         open_streams: Streams holding a place now; ``peak_streams`` the most at once.
         evictions: Streams that gave their place up to a stream read again.
@@ -139,6 +174,10 @@ class ProcessPool:
     def __init__(self, limits: FetchLimits) -> None:
         self.limits = limits
         self.cond = threading.Condition()
+        self.concurrency = Concurrency(cap=limits.threads, start=START_REQUESTS)
+        self.held = 0
+        self.blocks = 0
+        self.peak_held = 0
         self.lanes: list[Lane] = []  # lanes with queues, served in turn
         self._turn = 0
         self.threads = 0
@@ -151,7 +190,45 @@ class ProcessPool:
         self.peak_streams = 0
         self.evictions = 0
 
+    # -- the budget and the count (under self.cond) --
+
+    @property
+    def budget(self) -> int:
+        """Bytes of read-ahead the process may hold (``limits.readahead_bytes``)."""
+        return self.limits.readahead_bytes
+
+    def fits(self, length: int) -> bool:
+        """Whether a block of ``length`` bytes fits in the budget (always, when nothing is held)."""
+        return self.blocks == 0 or self.held + length <= self.limits.readahead_bytes
+
+    def hold(self, length: int, blocks: int) -> None:
+        """Count ``length`` bytes in ``blocks`` blocks claimed (negative: taken or dropped)."""
+        self.held += length
+        self.blocks += blocks
+        self.peak_held = max(self.peak_held, self.held)
+
+    def started(self) -> None:
+        """A request starts now."""
+        self.concurrency.started(time.monotonic())
+
+    def finished(self, nbytes: int) -> None:
+        """A request ends now, having carried ``nbytes`` (``0``: it failed): learn from it."""
+        c = self.concurrency
+        before = c.requests
+        c.finished(time.monotonic(), nbytes)
+        if c.requests != before:
+            logger.debug(
+                "requests in flight %d -> %d (window %d: %.1f MB/s, %.1f in flight)",
+                before, c.requests, c.windows, c.last_rate / 1e6, c.last_in_flight,
+            )  # fmt: skip
+            self.changed()
+
     # -- fetch threads (under self.cond) --
+
+    def allowed(self) -> int:
+        """Requests in flight allowed now: the learnt count, or more if a reader asked for more."""
+        asked = max((lane.fixed for lane in self.lanes), default=0)
+        return min(self.limits.threads, max(self.concurrency.requests, asked))
 
     def add_lane(self, lane: Lane) -> None:
         """Serve ``lane`` (it has a queue)."""
@@ -166,9 +243,10 @@ class ProcessPool:
     def changed(self) -> None:
         """Wake the fetch threads, and start more (within the bound) if the lanes want them."""
         self.cond.notify_all()
-        if self.threads >= self.limits.threads:
+        allowed = self.allowed()
+        if self.threads >= allowed:
             return
-        wanted = min(self.limits.threads, sum(lane.wanted() for lane in self.lanes))
+        wanted = min(allowed, sum(lane.wanted() for lane in self.lanes))
         while self.threads < wanted:
             self.threads += 1
             self.peak_threads = max(self.peak_threads, self.threads)
@@ -178,7 +256,10 @@ class ProcessPool:
         # Lanes in turn; first those below their share of the threads, so that one reader's
         # many requests cannot keep another's waiting for more than one request's time.
         n = len(self.lanes)
-        share = max(1, self.limits.threads // max(n, 1))
+        allowed = self.allowed()
+        if sum(lane.in_flight for lane in self.lanes) >= allowed:
+            return None  # the count went down: threads beyond it wait, then end
+        share = max(1, allowed // max(n, 1))
         for fair in (True, False):
             for i in range(n):
                 lane = self.lanes[(self._turn + i) % n]
@@ -390,15 +471,22 @@ def fetch_limits() -> FetchLimits:
             _limits = FetchLimits(
                 _env_limit("SHARDPIPES_FETCH_THREADS", DEFAULT_FETCH_THREADS),
                 _env_limit("SHARDPIPES_OPEN_STREAMS", DEFAULT_OPEN_STREAMS),
+                _OPENERS,
+                _env_limit("SHARDPIPES_READAHEAD_BYTES", DEFAULT_READAHEAD_BYTES, units=True),
             )
         return _limits
 
 
-def set_fetch_limits(*, threads: int | None = None, streams: int | None = None) -> FetchLimits:
+def set_fetch_limits(
+    *,
+    threads: int | None = None,
+    streams: int | None = None,
+    readahead_bytes: int | None = None,
+) -> FetchLimits:
     """Set this process's bounds (``None``: keep); streams opened later follow them.
 
     Worker processes started by ``fork`` inherit them; others read the environment
-    (``SHARDPIPES_FETCH_THREADS``, ``SHARDPIPES_OPEN_STREAMS``).
+    (``SHARDPIPES_FETCH_THREADS``, ``SHARDPIPES_OPEN_STREAMS``, ``SHARDPIPES_READAHEAD_BYTES``).
 
     Examples:
         >>> old = fetch_limits()
@@ -413,11 +501,16 @@ def set_fetch_limits(*, threads: int | None = None, streams: int | None = None) 
         threads if threads is not None else now.threads,
         streams if streams is not None else now.streams,
         now.openers,
+        readahead_bytes if readahead_bytes is not None else now.readahead_bytes,
     )
     with _lock:
         _limits = new
-        if _pool is not None:
-            _pool.limits = new
+        pool = _pool
+    if pool is not None:
+        with pool.cond:
+            pool.limits = new
+            pool.concurrency.set_cap(new.threads)
+            pool.changed()
     return new
 
 

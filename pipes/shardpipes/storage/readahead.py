@@ -8,13 +8,17 @@ open when one shard ends and the next begins. :class:`Readahead` does this for a
 - every stream of the reader takes a :class:`BlockQueue`, in the order the streams are read;
   the queues' blocks are claimed in that order, as if the shards were one long object, so the
   first blocks of the next shards are requested while the current one is parsed;
-- up to ``max_requests`` of the blocks are in flight at once, fetched by the process's fetch
-  threads (:mod:`shardpipes.storage.pool`: a fixed number per process, shared by every reader,
-  so a mixture of many sources does not multiply them);
-- memory: blocks in flight or fetched and not yet read stay within ``max_bytes`` (and
-  ``max_blocks`` when set), over all the reader's streams; plus the block each stream's reader
-  holds. A stream whose next block cannot be claimed because other streams hold the budget
-  (it is read out of order) fetches that block itself, so nothing waits forever.
+- the blocks are fetched by the process's fetch threads (:mod:`shardpipes.storage.pool`: one
+  pool per process, shared by every reader, so a mixture of many sources does not multiply
+  them), as many at once as the pool has learnt that the store rewards
+  (:class:`~shardpipes.storage.adapt.Concurrency`), or ``max_requests`` when the reader
+  asked for a number (``readahead=N``);
+- memory: blocks in flight or fetched and not yet read stay within the process's read-ahead
+  budget (``SHARDPIPES_READAHEAD_BYTES``, shared by every stream of every reader of the
+  process) and the reader's own ``max_bytes``/``max_blocks`` when set; plus the block each
+  stream's reader holds. A stream whose next block cannot be claimed because other streams
+  hold the budget (it is read out of order) fetches that block itself, so nothing waits
+  forever.
 
 :func:`iter_opened` opens the next shards (their look-ups) ahead, in the process's opener
 threads, while the process has room for more open streams, so that their queues exist before
@@ -29,7 +33,13 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
-from shardpipes.storage.pool import DEFAULT_FETCH_THREADS, ProcessPool, process_pool
+from shardpipes.storage.adapt import block_for
+from shardpipes.storage.pool import (
+    DEFAULT_FETCH_THREADS,
+    DEFAULT_READAHEAD_BYTES,
+    ProcessPool,
+    process_pool,
+)
 
 __all__ = [
     "AUTO_MAX_BLOCK",
@@ -37,17 +47,24 @@ __all__ = [
     "AUTO_REQUESTS",
     "BlockQueue",
     "Readahead",
+    "adapted_block_size",
     "auto_block_size",
     "iter_opened",
 ]
 
-# Defaults chosen with benchmarks/object_store.py (docs/cloud-storage.md, "Throughput"):
-# at 50 ms to the first byte and 50 MB/s per connection, 8 requests of 2-8 MiB in flight
-# reach 150-300 MB/s; a reader then holds at most 56 MiB ahead + one 8 MiB block = 64 MiB.
-AUTO_MAX_BYTES = 56 << 20
+# Chosen with benchmarks/object_store.py (docs/performance.md, "An object store far away"):
+# a process holds at most 56 MiB ahead (its budget, DEFAULT_READAHEAD_BYTES) + the block being
+# read, 8 MiB at most = 64 MiB; the requests in flight are learnt (adapt.py), within it.
+AUTO_MAX_BYTES = DEFAULT_READAHEAD_BYTES
 AUTO_REQUESTS = DEFAULT_FETCH_THREADS  # a reader alone may use every fetch thread of the process
 AUTO_MAX_BLOCK = 8 << 20
 _MIN_AUTO_BLOCK = 1 << 20
+# How far raising the requests may shrink the automatic blocks to fit more of them in the
+# budget: not below the automatic size. Shrinking them to 4 MiB (13 fit in 56 MiB) cost the
+# server (moto copies the whole object per request) and the reader more CPU than it saved on
+# the 2-core benchmark machine, in three runs against the code before (docs/performance.md);
+# so the count rises where blocks are small (small objects, or block_size) or the budget large.
+_MIN_ADAPTED_BLOCK = AUTO_MAX_BLOCK
 _AUTO_BLOCKS_PER_OBJECT = 4
 _MAX_SHARDS_AHEAD = 8
 
@@ -67,6 +84,18 @@ def auto_block_size(size: int | None) -> int:
     quarter = -(-size // _AUTO_BLOCKS_PER_OBJECT)
     quarter = -(-quarter // (256 << 10)) * (256 << 10)  # whole 256 KiB
     return max(_MIN_AUTO_BLOCK, min(AUTO_MAX_BLOCK, quarter))
+
+
+def adapted_block_size(size: int | None, shared: ProcessPool) -> int:
+    """:func:`auto_block_size`, smaller when the process keeps more requests in flight.
+
+    So many blocks, and one more, fit in the process's budget, down to ``_MIN_ADAPTED_BLOCK``
+    (now the automatic size itself: blocks do not shrink, see its comment); more requests at
+    once never mean more memory: what does not fit waits.
+    """
+    largest = auto_block_size(size)
+    requests = shared.concurrency.requests  # one int: read without the lock
+    return block_for(requests, shared.budget, largest, min(largest, _MIN_ADAPTED_BLOCK))
 
 
 class BlockQueue:
@@ -126,8 +155,12 @@ class BlockQueue:
             while idx not in self.results:
                 if self.halt.is_set() or self.plan is None or self._past_end(idx):
                     return b""
-                if self.next_claim == idx and not pool.can_claim(self, idx):
-                    # Other streams hold the budget (this one is read out of order): fetch it here.
+                if self.next_claim == idx and (
+                    not pool.can_claim(self, idx) or pool.stuck_before(self)
+                ):
+                    # Other streams hold the budget (this one is read out of order), or an
+                    # earlier stream's next block does not fit and keeps this one's from being
+                    # claimed (blocks differ in size): fetch it here.
                     claim = pool.claim_one(self, idx, forced=True)
                     if claim is None:
                         return b""
@@ -140,8 +173,7 @@ class BlockQueue:
                 pool.cond.wait()
             self.consumed += 1
             if idx in self.claimed:
-                pool.held -= self.claimed.pop(idx)
-                pool.blocks -= 1
+                pool.release(self.claimed.pop(idx), 1)
             result = self.results.pop(idx)
             if self._past_end(self.consumed) and not self.claimed:
                 pool.remove(self)
@@ -154,8 +186,7 @@ class BlockQueue:
             if self.halt.is_set():
                 return
             self.halt.set()
-            self.pool.held -= sum(self.claimed.values())
-            self.pool.blocks -= len(self.claimed)
+            self.pool.release(sum(self.claimed.values()), len(self.claimed))
             self.claimed.clear()
             self.results.clear()
             self.pool.remove(self)
@@ -167,11 +198,13 @@ class Readahead:
 
     One *lane* of the process's fetch pool (:mod:`shardpipes.storage.pool`): the pool's
     threads serve the lanes in turn, so ``max_requests`` is reached only while other readers
-    of the process leave threads free.
+    of the process leave threads free, and every lane's blocks count in the process's budget.
 
     Args:
-        max_bytes: Bytes of blocks in flight or fetched and not yet read, over all streams.
-        max_requests: Requests in flight at once.
+        max_bytes: Bytes of blocks in flight or fetched and not yet read, over all streams of
+            this reader, or ``None`` for the process's budget alone.
+        max_requests: Requests in flight at once, or ``None`` for as many as the pool allows
+            (learnt from the requests that finished).
         max_blocks: Blocks in flight or fetched and not yet read, or ``None`` for no limit
             beyond ``max_bytes``.
         shared: The process's pool. Default: :func:`~shardpipes.storage.pool.process_pool`.
@@ -185,12 +218,12 @@ class Readahead:
     def __init__(
         self,
         max_bytes: int | None,
-        max_requests: int,
+        max_requests: int | None,
         max_blocks: int | None = None,
         shared: ProcessPool | None = None,
     ) -> None:
         self.max_bytes = max_bytes
-        self.max_requests = max_requests
+        self.fixed = max_requests or 0
         self.max_blocks = max_blocks
         self.shared = shared if shared is not None else process_pool()
         self.cond = self.shared.cond  # one lock for every lane of the process
@@ -207,8 +240,18 @@ class Readahead:
     def for_options(cls, readahead: int | None) -> Readahead:
         """The read-ahead for ``open_files_by_fsspec``'s ``readahead`` (``None``: automatic)."""
         if readahead is None:
-            return cls(AUTO_MAX_BYTES, AUTO_REQUESTS)
+            return cls(None, None)
         return cls(None, readahead, max_blocks=readahead)
+
+    @property
+    def max_requests(self) -> int:
+        """Requests of this reader in flight at once: asked for, or what the pool allows now."""
+        return self.fixed or self.shared.allowed()
+
+    @property
+    def width(self) -> int:
+        """Requests of one stream that may run at once (the lane's count bounds them all)."""
+        return self.fixed or self.shared.limits.threads
 
     @property
     def threads(self) -> int:
@@ -262,13 +305,33 @@ class Readahead:
         return None if got is None else got[1]
 
     def can_claim(self, q: BlockQueue, idx: int) -> bool:
-        """Whether the budget has room for block ``idx`` of ``q`` (always, when empty)."""
+        """Whether the budgets have room for block ``idx`` of ``q`` (always, when the process holds none)."""
+        length = self._length(q, idx) or 0
+        if not self.shared.fits(length):
+            return False
         if self.blocks == 0:
             return True
         if self.max_blocks is not None and self.blocks >= self.max_blocks:
             return False
-        length = self._length(q, idx) or 0
         return self.max_bytes is None or self.held + length <= self.max_bytes
+
+    def stuck_before(self, q: BlockQueue) -> bool:
+        """Whether an earlier stream's next block waits for budget (so :meth:`claim` stops there)."""
+        for other in self.queues:
+            if other is q:
+                return False
+            if other.plan is None or other.halt.is_set() or other.in_flight >= other.max_in_flight:
+                continue
+            idx = other.next_claim
+            if not other._past_end(idx) and not self.can_claim(other, idx):
+                return True
+        return False
+
+    def release(self, length: int, blocks: int) -> None:
+        """``blocks`` claimed blocks of ``length`` bytes in all were taken or dropped."""
+        self.held -= length
+        self.blocks -= blocks
+        self.shared.hold(-length, -blocks)
 
     def claim_one(
         self, q: BlockQueue, idx: int, forced: bool = False
@@ -286,6 +349,8 @@ class Readahead:
             self.first_claims.append(id(q))
         self.held += length
         self.blocks += 1
+        self.shared.hold(length, 1)
+        self.shared.started()  # the fetch follows the claim at once (fetch_claimed)
         self.in_flight += 1
         self.requests += 1
         self.peak_bytes = max(self.peak_bytes, self.held)
@@ -324,6 +389,7 @@ class Readahead:
         with self.cond:
             self.in_flight -= 1
             q.in_flight -= 1
+            self.shared.finished(len(result) if isinstance(result, bytes) else 0)
             if q.on_result is not None and not q.halt.is_set():
                 q.on_result(idx, result)
             if not q.halt.is_set():
@@ -350,7 +416,7 @@ def iter_opened(
     """
     ahead: deque[tuple[Any, Future[Any] | None, BlockQueue | None]] = deque()
     shared = pool.shared
-    budget = pool.max_bytes if pool.max_bytes is not None else AUTO_MAX_BYTES
+    budget = pool.max_bytes if pool.max_bytes is not None else shared.budget
     exhausted = False
     try:
         while True:

@@ -39,7 +39,7 @@ from shardpipes.errors import (
 )
 from shardpipes.storage.counters import COUNTERS, retry_cause
 from shardpipes.storage.pool import process_pool
-from shardpipes.storage.readahead import BlockQueue, Readahead, auto_block_size
+from shardpipes.storage.readahead import BlockQueue, Readahead, adapted_block_size
 from shardpipes.storage.retry import (
     Redactor,
     RetryPolicy,
@@ -216,7 +216,11 @@ class RemoteStream(io.RawIOBase):
         self.size = size
         self.attempts = 0
         self._fs, self._path = fs, path
-        self._block_size = block_size if block_size is not None else auto_block_size(size)
+        self._pool = queue.pool.shared if queue is not None else process_pool()
+        # Automatic blocks: each block's size is chosen when it is first planned
+        # (adapted_block_size: what the process's count and budget allow now).
+        self._auto_block = block_size is None and size is not None
+        self._block_size = block_size or adapted_block_size(size, self._pool)
         self._readahead = readahead
         self._retry = retry
         self._open_kwargs = dict(open_kwargs or {})
@@ -226,7 +230,6 @@ class RemoteStream(io.RawIOBase):
         # (try_release) only while it is not being read.
         self._use = threading.RLock()
         self._released = False
-        self._pool = queue.pool.shared if queue is not None else process_pool()
         self._transport: _RangeTransport | _StreamTransport
         if ranges and size is not None:
             self._transport = _RangeTransport(fs, path, retry.timeout)
@@ -293,17 +296,28 @@ class RemoteStream(io.RawIOBase):
         transport = self._transport  # fixed for the queue's life; a switch starts a new queue
         base, bs = offset, self._block_size
         seq_pos = [offset]  # sequential transport: offset of the next block to fetch
+        planned: list[tuple[int, int]] = []  # automatic sizes: each block's, once planned
+        pool = self._pool
 
         def plan(idx: int) -> tuple[int, int] | None:
             if transport.sequential:
                 return seq_pos[0], bs
-            start = base + idx * bs
             if self.size is None:
-                return start, bs
-            return (start, min(bs, self.size - start)) if start < self.size else None
+                return base + idx * bs, bs
+            if not self._auto_block:
+                start = base + idx * bs
+                return (start, min(bs, self.size - start)) if start < self.size else None
+            # Blocks are planned in order (idx is never past the next one to claim), and a
+            # block keeps the size it was first planned with.
+            while len(planned) <= idx:
+                start = sum(planned[-1]) if planned else base
+                if start >= self.size:
+                    return None
+                planned.append((start, min(adapted_block_size(self.size, pool), self.size - start)))
+            return planned[idx]
 
         def fetch(start: int, length: int, halt: threading.Event) -> bytes:
-            data = self._fetch_block(transport, start, halt)
+            data = self._fetch_block(transport, start, halt, length)
             if transport.sequential:  # one request at a time: offsets follow the data
                 seq_pos[0] += len(data)
             return data
@@ -323,14 +337,18 @@ class RemoteStream(io.RawIOBase):
         """Requests of this stream that may run at once."""
         if not self._probed or self._transport.sequential or not _is_async(self._fs):
             return 1
-        return self._q.pool.max_requests if self._q is not None else 1
+        return self._q.pool.width if self._q is not None else 1
 
     def _fetch_block(
-        self, transport: _RangeTransport | _StreamTransport, start: int, halt: threading.Event
+        self,
+        transport: _RangeTransport | _StreamTransport,
+        start: int,
+        halt: threading.Event,
+        length: int | None = None,
     ) -> bytes:
         """Fetch the block at ``start``, retrying transient failures; raise a ShardReadError."""
         seq = transport.sequential
-        length = self._block_size
+        length = length if length is not None and not seq else self._block_size
         if self.size is not None:
             length = min(length, self.size - start)
             if length <= 0:

@@ -54,7 +54,8 @@ class ReadOptions:
         block_size: Bytes per range request, or ``None``: a quarter of each object, within
             1-8 MiB.
         readahead: Blocks in flight or ready ahead of the reader, across shard boundaries;
-            ``0`` fetches in the reading thread; ``None``: automatic (within 56 MiB).
+            ``0`` fetches in the reading thread; ``None``: automatic (within the
+            process's read-ahead budget, ``SHARDPIPES_READAHEAD_BYTES``).
         retries: Retries of a failing request after the first attempt.
         backoff: Seconds before the first retry, doubled for each next one.
         timeout: Seconds one request may take, or ``None``.

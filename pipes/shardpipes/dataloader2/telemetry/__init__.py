@@ -14,7 +14,13 @@ one rank's figures as a :class:`Snapshot`, and :func:`verdict` reads them.
 from shardpipes.dataloader2.telemetry.names import stage_labels, stage_name
 from shardpipes.dataloader2.telemetry.recorder import DEFAULT_INTERVAL, Telemetry
 from shardpipes.dataloader2.telemetry.reporter import WorkerReporter
-from shardpipes.dataloader2.telemetry.sampler import BUDGET, LOADER, StageSampler
+from shardpipes.dataloader2.telemetry.sampler import (
+    BUDGET,
+    LOADER,
+    MAX_WAIT,
+    StageSampler,
+    next_wait,
+)
 from shardpipes.dataloader2.telemetry.snapshot import (
     Snapshot,
     StageCost,
@@ -27,6 +33,7 @@ __all__ = [
     "BUDGET",
     "DEFAULT_INTERVAL",
     "LOADER",
+    "MAX_WAIT",
     "Snapshot",
     "StageCost",
     "StageSampler",
@@ -35,6 +42,7 @@ __all__ = [
     "Verdict",
     "WorkerFigures",
     "WorkerReporter",
+    "next_wait",
     "stage_labels",
     "stage_name",
     "verdict",

@@ -30,7 +30,7 @@ from torch.utils.data import IterDataPipe
 from shardpipes.dataloader2.graph import stages_of
 from shardpipes.dataloader2.telemetry.names import stage_labels
 
-__all__ = ["BUDGET", "LOADER", "StageSampler", "thread_cpu_clock"]
+__all__ = ["BUDGET", "LOADER", "MAX_WAIT", "StageSampler", "next_wait", "thread_cpu_clock"]
 
 #: The sampler's own CPU is kept under this share of the CPU of the thread it samples.
 BUDGET = 0.003
@@ -40,6 +40,29 @@ MAX_WAIT = 1.0
 #: The label of CPU spent outside any stage: a worker's loop (sending batches), the main
 #: process receiving them, the loader's own work per batch.
 LOADER = "(loader)"
+
+
+def next_wait(
+    wait: float,
+    own_cpu: float,
+    sampled_cpu: float,
+    *,
+    interval: float,
+    budget: float,
+    max_wait: float = MAX_WAIT,
+) -> float:
+    """The sampler's budget rule: how long to wait before the next look.
+
+    ``own_cpu`` is what the looks cost so far, ``sampled_cpu`` the CPU of the sampled thread
+    they covered. Over budget (``own_cpu > budget * sampled_cpu``) the wait doubles, up to
+    ``max_wait`` (or ``interval`` when that is longer); within it, the wait halves, down to
+    ``interval``. So the looks cost at most ``budget`` of the sampled CPU plus the cost of a
+    few looks (``tests/test_telemetry.py`` states the bound), and a sampler that can look
+    every ``interval`` within its budget does.
+    """
+    if own_cpu > budget * sampled_cpu:
+        return min(2 * wait, max(max_wait, interval))
+    return max(wait / 2, interval)
 
 
 def thread_cpu_clock(thread_id: int) -> Callable[[], float]:
@@ -92,8 +115,18 @@ class StageSampler:
         inside: A code object that marks the loader on the stack (the main process, where
             the same thread also trains): a stack without it is not the loader's and is not
             counted. ``None``: every stack counts (a worker).
-        budget: The sampler's own CPU is kept under this share of the sampled thread's CPU.
+        budget: The sampler's own CPU is kept under this share of the sampled thread's CPU
+            (:func:`next_wait`); ``float("inf")``: no budget, a look every ``interval``.
             Default: :data:`BUDGET`.
+
+    Attributes:
+        cpu: CPU seconds per stage label.
+        ticks: Looks that found the loader on the stack.
+        looks: Looks taken.
+        waits: Looks taken, by the wait before them (seconds -> looks): the waits
+            :func:`next_wait` chose, at most ``log2(MAX_WAIT / interval) + 2`` of them.
+        own_cpu: CPU seconds of the sampling thread itself (what sampling costs).
+        target_cpu: CPU seconds of the sampled thread since the first look.
     """
 
     def __init__(
@@ -106,7 +139,7 @@ class StageSampler:
     ) -> None:
         if interval <= 0:
             raise ValueError(f"interval should be a positive number of seconds, got {interval!r}")
-        if budget <= 0:
+        if not budget > 0:  # NaN too
             raise ValueError(f"budget should be a positive share, got {budget!r}")
         self.interval = interval
         self.budget = budget
@@ -127,6 +160,8 @@ class StageSampler:
         self.ticks = 0  # looks that found the loader on the stack
         self.own_cpu = 0.0  # CPU seconds of the sampling thread itself: what sampling costs
         self.target_cpu = 0.0  # CPU seconds of the sampled thread since the first look
+        self.looks = 0  # looks taken, whether or not they found the loader on the stack
+        self.waits: dict[float, int] = {}  # wait (s) -> looks taken after it
         self._thread_id = 0
         self._clock: Callable[[], float] = time.process_time
         self._last = 0.0
@@ -162,11 +197,12 @@ class StageSampler:
                 return
             self.tick(frame)
             del frame
+            self.waits[wait] = self.waits.get(wait, 0) + 1
+            self.looks += 1
             self.own_cpu = time.thread_time() - start  # this thread's, wake-ups included
-            if self.own_cpu > self.budget * self.target_cpu:
-                wait = min(2 * wait, MAX_WAIT)
-            else:
-                wait = max(wait / 2, self.interval)
+            wait = next_wait(
+                wait, self.own_cpu, self.target_cpu, interval=self.interval, budget=self.budget
+            )
 
     def tick(self, frame: FrameType | None) -> None:
         """Give the CPU used since the last look to the stage ``frame`` (innermost) is in."""

@@ -185,6 +185,7 @@ class LeanFilterIterDataPipe(StageIterDataPipe[T]):
     """torch's ``Filter`` (whole items, no columns) without the per-element hook."""
 
     stands_for = Filter
+    counts_drops = True  # `dropped` and `passing`, read by the loader's empty-epoch check
 
     def __init__(self, datapipe: IterDataPipe[T], filter_fn: Callable[[T], bool]) -> None:
         self.datapipe = datapipe

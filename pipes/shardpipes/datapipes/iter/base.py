@@ -98,7 +98,14 @@ class StageIterDataPipe(IterDataPipe[T]):
       plan says (``set_plan``), and a loader state is bound to its ``fingerprint()``.
     - ``spans_epochs``: continues from one epoch into the next (``fixed_length()``).
     - ``rewrites_urls``: yields other names for the shards it reads (a cache's local paths).
-    - ``syncs_ranks``: evens out the ranks' lengths as items come (``fullsync()``).
+    - ``syncs_ranks``: evens out the ranks' lengths as items come (``fullsync()``). It is the
+      last stage of a distributed graph: ``DistributedReadingService`` adds no ``fullsync()``
+      after it, hands it its process group (``set_process_group(group)``), refuses it anywhere
+      but last, and ``dl.stats()["sync"]`` is its ``stats.as_dict()`` when it has ``stats``.
+    - ``counts_drops``: may drop items and counts it, in the attributes ``dropped`` (items
+      dropped, over all iterations) and ``passing`` (iterations that passed an item on), which
+      the loader reads to warn about an epoch where it dropped everything (``filter()``).
+      Read from the stage's own class: a lean stand-in's does not pass to the torch stage.
     - ``seek_refusal``: why a graph with this stage cannot resume by seeking (a message), or
       ``None``.
     - ``stands_for``: a lean stand-in's torch stage, whose traits are then this stage's.
@@ -120,6 +127,7 @@ class StageIterDataPipe(IterDataPipe[T]):
     spans_epochs: ClassVar[bool] = False
     rewrites_urls: ClassVar[bool] = False
     syncs_ranks: ClassVar[bool] = False
+    counts_drops: ClassVar[bool] = False
     # Not a ClassVar: a stage may set its own refusal per instance (a mixer without an index).
     seek_refusal: str | None = None
     stands_for: ClassVar[type | None] = None
@@ -194,6 +202,7 @@ class Traits:
     spans_epochs: bool = False
     rewrites_urls: bool = False
     syncs_ranks: bool = False
+    counts_drops: bool = False
     seek_refusal: str | None = None
     random: bool = False
     sharding: bool = False
@@ -230,6 +239,8 @@ def traits_of(dp: Any) -> Traits:
         spans_epochs=bool(_trait(dp, "spans_epochs", False)),
         rewrites_urls=bool(_trait(dp, "rewrites_urls", False)),
         syncs_ranks=bool(_trait(dp, "syncs_ranks", False)),
+        # The counters are the instance's: a torch stage left in place has none.
+        counts_drops=bool(getattr(dp, "counts_drops", False)),
         seek_refusal=str(refusal) if refusal else None,
         random=random_,
         # torch's own declaration of a sharding point: what its apply_sharding looks for

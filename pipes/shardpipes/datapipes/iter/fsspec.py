@@ -171,10 +171,12 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
     whole. Local files are opened directly. Remote objects (S3, GCS, HTTP, ...) are read in
     range requests by background threads, with one read-ahead for the whole iteration: the
     next remote shards are looked up and their first blocks requested while the current one
-    is read. Memory stays bounded (by default at most 56 MiB ahead plus the block being read:
-    64 MiB per reader; see ``docs/cloud-storage.md``). The threads and open streams belong to
-    the process, not to the stage: at most 12 fetch threads, 2 opener threads and 16 remote
-    streams per process, however many openers it runs (:mod:`shardpipes.storage.pool`). A
+    is read. Memory stays bounded by one read-ahead budget per process (by default 56 MiB ahead,
+    shared by every stream of the process, plus the block being read; see
+    ``docs/cloud-storage.md``). The threads and open streams belong to the process, not to the
+    stage: at most 32 fetch threads (as many as the requests in flight the process has learnt
+    to pay), 2 opener threads and 16 remote streams per process, however many openers it runs
+    (:mod:`shardpipes.storage.pool`). A
     transient error (connection reset, time-out, 5xx, a response cut short) is retried
     ``retries`` times with exponential backoff, and the read resumes at the byte offset it had
     reached: the stream delivers every byte once, in order. Permanent errors (no such key or bucket, 401/403)
@@ -195,7 +197,8 @@ class FSSpecFileOpenerIterDataPipe(StageIterDataPipe[tuple[str, IO[Any]]]):
             1-8 MiB. Default: ``None``.
         readahead: Blocks in flight or ready ahead of the reader, across shard boundaries
             (as many requests at once); ``0`` fetches in the reading thread and opens no shard
-            ahead; ``None``: within 56 MiB, up to 12 requests at once. Default: ``None``.
+            ahead; ``None``: within the process's read-ahead budget, as many requests at once
+            as the store rewards (learnt, up to 32). Default: ``None``.
         retries: Retries of a failing request after the first attempt. Default: ``5``.
         backoff: Seconds before the first retry, doubled for each next one (at most 30 s).
             Default: ``0.5``.

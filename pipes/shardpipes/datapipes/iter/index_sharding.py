@@ -166,6 +166,10 @@ class IndexSharderIterDataPipe(_ShardingIterDataPipe):
         self._positions = positions
         return self
 
+    def load_index(self) -> ShardIndex:
+        """The index of the shards it reads, loaded once (what ``DistributedReadingService`` shares)."""
+        return self._index(list(self.source_datapipe))
+
     def _index(self, urls: list[str]) -> ShardIndex:
         if self._loaded is not None:
             return self._loaded
