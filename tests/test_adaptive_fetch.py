@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import shardpipes.storage.pool as pool_module
 from shardpipes.datapipes.iter import IterableWrapper
-from shardpipes.storage.adapt import Concurrency, block_for
+from shardpipes.storage.adapt import Concurrency
 from shardpipes.storage.link import measure_link
 from shardpipes.storage.pool import START_REQUESTS, fetch_limits, process_pool, set_fetch_limits
 
@@ -98,19 +98,6 @@ def test_a_slow_reader_teaches_nothing(latency, share):
     c = Concurrency(cap=32, start=8)
     assert set(_run(c, latency, 50e6, 1e12, 4 * MiB, windows=20, reader_share=share)) == {8}
     assert c.counted == 0
-
-
-@given(
-    requests=st.integers(1, 64),
-    budget=st.integers(1 * MiB, 1 << 30),
-    largest=st.integers(1 * MiB, 16 * MiB),
-)
-def test_blocks_fit_the_budget_with_one_spare(requests, budget, largest):
-    b = block_for(requests, budget, largest)
-    assert 1 * MiB <= b <= max(largest, 1 * MiB)
-    if b > 1 * MiB:  # not held at the floor: the count and one more fit in the budget
-        assert b * (requests + 1) <= budget
-        assert b % (256 << 10) == 0 or b == largest
 
 
 def test_bad_counts_are_refused():

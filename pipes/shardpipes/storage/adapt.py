@@ -15,10 +15,6 @@ or the memory budget was full of blocks not yet read) says nothing about the lin
 changes nothing, except that a raise it followed is undone (it could not be used).
 Pure: the caller passes the times in; no clock, no threads, no I/O.
 
-:func:`block_for` picks the request size for the count: as large as the object and the cap
-allow, and small enough that ``requests`` blocks fit in the byte budget with one block
-spare, so that more requests do not mean more memory.
-
 Examples:
     >>> c = Concurrency(cap=32, start=4)
     >>> t = 0.0
@@ -37,9 +33,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["Concurrency", "block_for"]
-
-_ROUND = 256 << 10  # block sizes in whole 256 KiB
+__all__ = ["Concurrency"]
 
 
 class Concurrency:
@@ -162,20 +156,3 @@ class Concurrency:
         self.raises += 1
         self.requests = min(self.cap, max(self.requests + 1, math.ceil(self.requests * self.grow)))
         self._warming = True
-
-
-def block_for(requests: int, budget: int, largest: int, smallest: int = 1 << 20) -> int:
-    """Bytes per request so that ``requests`` blocks and one more fit in ``budget``.
-
-    Within ``[smallest, largest]`` (``largest`` wins if they cross), in whole 256 KiB.
-
-    Examples:
-        >>> block_for(6, 56 << 20, 8 << 20) >> 20  # 7 blocks of 8 MiB fit
-        8
-        >>> block_for(15, 56 << 20, 8 << 20) / (1 << 20)  # 16 of 3.5 MiB
-        3.5
-        >>> block_for(64, 56 << 20, 8 << 20) >> 20
-        1
-    """
-    fit = budget // (requests + 1) // _ROUND * _ROUND
-    return min(largest, max(smallest, fit))

@@ -33,7 +33,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
-from shardpipes.storage.adapt import block_for
 from shardpipes.storage.pool import (
     DEFAULT_FETCH_THREADS,
     DEFAULT_READAHEAD_BYTES,
@@ -47,7 +46,6 @@ __all__ = [
     "AUTO_REQUESTS",
     "BlockQueue",
     "Readahead",
-    "adapted_block_size",
     "auto_block_size",
     "iter_opened",
 ]
@@ -59,12 +57,11 @@ AUTO_MAX_BYTES = DEFAULT_READAHEAD_BYTES
 AUTO_REQUESTS = DEFAULT_FETCH_THREADS  # a reader alone may use every fetch thread of the process
 AUTO_MAX_BLOCK = 8 << 20
 _MIN_AUTO_BLOCK = 1 << 20
-# How far raising the requests may shrink the automatic blocks to fit more of them in the
-# budget: not below the automatic size. Shrinking them to 4 MiB (13 fit in 56 MiB) cost the
-# server (moto copies the whole object per request) and the reader more CPU than it saved on
-# the 2-core benchmark machine, in three runs against the code before (docs/performance.md);
-# so the count rises where blocks are small (small objects, or block_size) or the budget large.
-_MIN_ADAPTED_BLOCK = AUTO_MAX_BLOCK
+# Automatic blocks do not shrink as the learnt requests rise: shrinking them to 4 MiB (13 fit
+# in 56 MiB) cost the server (moto copies the whole object per request) and the reader more
+# CPU than it saved on the 2-core benchmark machine, in three runs against the code before
+# (docs/performance.md); so the count rises where blocks are small (small objects, or
+# block_size) or the budget large.
 _AUTO_BLOCKS_PER_OBJECT = 4
 _MAX_SHARDS_AHEAD = 8
 
@@ -84,18 +81,6 @@ def auto_block_size(size: int | None) -> int:
     quarter = -(-size // _AUTO_BLOCKS_PER_OBJECT)
     quarter = -(-quarter // (256 << 10)) * (256 << 10)  # whole 256 KiB
     return max(_MIN_AUTO_BLOCK, min(AUTO_MAX_BLOCK, quarter))
-
-
-def adapted_block_size(size: int | None, shared: ProcessPool) -> int:
-    """:func:`auto_block_size`, smaller when the process keeps more requests in flight.
-
-    So many blocks, and one more, fit in the process's budget, down to ``_MIN_ADAPTED_BLOCK``
-    (now the automatic size itself: blocks do not shrink, see its comment); more requests at
-    once never mean more memory: what does not fit waits.
-    """
-    largest = auto_block_size(size)
-    requests = shared.concurrency.requests  # one int: read without the lock
-    return block_for(requests, shared.budget, largest, min(largest, _MIN_ADAPTED_BLOCK))
 
 
 class BlockQueue:

@@ -39,7 +39,7 @@ from shardpipes.errors import (
 )
 from shardpipes.storage.counters import COUNTERS, retry_cause
 from shardpipes.storage.pool import process_pool
-from shardpipes.storage.readahead import BlockQueue, Readahead, adapted_block_size
+from shardpipes.storage.readahead import BlockQueue, Readahead, auto_block_size
 from shardpipes.storage.retry import (
     Redactor,
     RetryPolicy,
@@ -217,10 +217,7 @@ class RemoteStream(io.RawIOBase):
         self.attempts = 0
         self._fs, self._path = fs, path
         self._pool = queue.pool.shared if queue is not None else process_pool()
-        # Automatic blocks: each block's size is chosen when it is first planned
-        # (adapted_block_size: what the process's count and budget allow now).
-        self._auto_block = block_size is None and size is not None
-        self._block_size = block_size or adapted_block_size(size, self._pool)
+        self._block_size = block_size if block_size is not None else auto_block_size(size)
         self._readahead = readahead
         self._retry = retry
         self._open_kwargs = dict(open_kwargs or {})
@@ -296,25 +293,14 @@ class RemoteStream(io.RawIOBase):
         transport = self._transport  # fixed for the queue's life; a switch starts a new queue
         base, bs = offset, self._block_size
         seq_pos = [offset]  # sequential transport: offset of the next block to fetch
-        planned: list[tuple[int, int]] = []  # automatic sizes: each block's, once planned
-        pool = self._pool
 
         def plan(idx: int) -> tuple[int, int] | None:
             if transport.sequential:
                 return seq_pos[0], bs
+            start = base + idx * bs
             if self.size is None:
-                return base + idx * bs, bs
-            if not self._auto_block:
-                start = base + idx * bs
-                return (start, min(bs, self.size - start)) if start < self.size else None
-            # Blocks are planned in order (idx is never past the next one to claim), and a
-            # block keeps the size it was first planned with.
-            while len(planned) <= idx:
-                start = sum(planned[-1]) if planned else base
-                if start >= self.size:
-                    return None
-                planned.append((start, min(adapted_block_size(self.size, pool), self.size - start)))
-            return planned[idx]
+                return start, bs
+            return (start, min(bs, self.size - start)) if start < self.size else None
 
         def fetch(start: int, length: int, halt: threading.Event) -> bytes:
             data = self._fetch_block(transport, start, halt, length)
