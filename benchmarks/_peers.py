@@ -506,7 +506,10 @@ def preload(peer: str, m: dict | None = None) -> None:
 
         build_index(m["paths"], progress=False).save(_index_path(m))
 
-    for name in PRELOAD[peer]:
+    names = PRELOAD[peer]
+    if m is not None and m.get("transport") == "s3" and "s3fs" not in names:
+        names = [*names, "s3fs"]  # as the plain s3fs rows of object_store.py: not timed
+    for name in names:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torchdata 0.9's deprecation banner
             try:

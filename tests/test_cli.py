@@ -266,6 +266,13 @@ def test_bench_link_gives_the_epoch_as_a_fraction_of_the_measured_link(shard_pat
     link = re.search(r"link: ([\d,.]+) MB/s with 3 range requests of 8.4 MB at once \((.+) in", out)
     assert link, out
     assert re.search(r"of the link: [\d,.]+ MB/s of shard bytes = \d+% of [\d,.]+ MB/s", out)
+    fetch = re.search(
+        r"requests in flight: (\d+) learnt \(started at 6, at most 32\); read-ahead held at "
+        r"most ([\d.]+) MiB of the 56 MiB budget",
+        out,
+    )
+    assert fetch, out
+    assert 1 <= int(fetch[1]) <= 32 and float(fetch[2]) <= 56
     assert main([*args, "--limit", "10"]) == 0
     assert "of the link: not compared (--limit" in capsys.readouterr().out
 

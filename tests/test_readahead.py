@@ -80,6 +80,29 @@ def test_http_streams_probe_one_block_then_widen_before_being_read(http_server):
         assert f.read() == data
 
 
+@pytest.mark.http
+def test_reads_and_readinto_within_and_across_blocks_give_the_objects_bytes(http_server):
+    data = bytes(range(256)) * 1200  # 307,200 bytes: 4.7 blocks of 64 KiB
+    url = http_server.add("mixed.bin", data)
+    got = bytearray()
+    # Within a block, across one and two block ends, exactly a block, alternately into a buffer.
+    sizes = [6, 1000, 70_000, 65_536, 100, 131_072, 5000, 70_000]
+    with open_url(url, block_size=64 << 10) as f:
+        for i, n in enumerate(sizes):
+            if i % 2:
+                buf = bytearray(n)
+                k = f.readinto(buf)
+                got += buf[:k]
+            else:
+                chunk = f.read(n)
+                assert type(chunk) is bytes
+                got += chunk
+            assert f.tell() == len(got)
+        got += f.read()
+        assert f.readinto(bytearray(10)) == 0
+    assert bytes(got) == data
+
+
 def _opened(urls, **options):
     return list(IterableWrapper(urls).open_files_by_fsspec(mode="rb", **options))
 

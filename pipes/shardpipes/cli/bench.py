@@ -12,9 +12,12 @@ from typing import Any
 from shardpipes.cli._command import NO_PROGRESS, Command, arg, flag
 from shardpipes.formats.stream import StreamBytes
 from shardpipes.storage.link import Link, measure_link
+from shardpipes.storage.pool import START_REQUESTS, ProcessPool, process_pool
 
 __all__ = [
     "COMMAND",
+    "fetch_line",
+    "format_size",
     "link_line",
     "pipeline",
     "print_profile",
@@ -270,7 +273,33 @@ def run(args: argparse.Namespace) -> int:
             )
             if link is not None:
                 print("  " + link_line(link, seconds, whole=not args.limit))
+                print("  " + fetch_line(process_pool(), args.workers))
     return 0
+
+
+def fetch_line(pool: ProcessPool, workers: int) -> str:
+    """What this process's fetch pool learnt and held (``workers``: each worker has its own)."""
+    if workers:
+        return (
+            f"requests in flight: learnt in each of the {workers} worker processes, "
+            f"each within its own {format_size(pool.budget)} read-ahead budget"
+        )
+    return (
+        f"requests in flight: {pool.concurrency.requests} learnt (started at "
+        f"{START_REQUESTS}, at most {pool.limits.threads}); read-ahead held at most "
+        f"{format_size(pool.peak_held)} of the {format_size(pool.budget)} budget"
+    )
+
+
+def format_size(n: int) -> str:
+    """``n`` bytes in MiB, as the budget is given (``SHARDPIPES_READAHEAD_BYTES=56M``).
+
+    Examples:
+        >>> format_size(56 << 20), format_size(3 << 19)
+        ('56 MiB', '1.5 MiB')
+    """
+    mib = n / (1 << 20)
+    return f"{mib:.0f} MiB" if mib == int(mib) else f"{mib:.1f} MiB"
 
 
 @contextlib.contextmanager

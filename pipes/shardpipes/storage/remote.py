@@ -437,7 +437,8 @@ class RemoteStream(io.RawIOBase):
                 self._buf_pos += size
             self._pos += len(out)
             return out
-        parts = [self._buf[self._buf_pos :]] if avail else []
+        # Pieces of blocks as views: the bytes returned are copied once, by the join.
+        parts: list[bytes | memoryview] = [memoryview(self._buf)[self._buf_pos :]] if avail else []
         need = size - avail
         self._buf, self._buf_pos = b"", 0
         while need > 0:
@@ -453,10 +454,11 @@ class RemoteStream(io.RawIOBase):
                 parts.append(block)
                 need -= len(block)
             else:  # keep the rest of the block for the next read
-                parts.append(block[:need])
+                parts.append(memoryview(block)[:need])
                 self._buf, self._buf_pos = block, need
                 need = 0
-        out = parts[0] if len(parts) == 1 else b"".join(parts)
+        one = parts[0] if len(parts) == 1 else None
+        out = one if isinstance(one, bytes) else b"".join(parts)  # one whole block: no copy
         self._pos += len(out)
         return out
 
@@ -471,7 +473,13 @@ class RemoteStream(io.RawIOBase):
     def readinto(self, b: Any) -> int:
         """Read into a writable buffer; return the number of bytes read."""
         view = memoryview(b).cast("B")
-        data = self.read(len(view))
+        n, at = len(view), self._buf_pos
+        if 0 < n <= len(self._buf) - at and not self.closed:  # within the block: one copy
+            view[:] = memoryview(self._buf)[at : at + n]
+            self._buf_pos += n
+            self._pos += n
+            return n
+        data = self.read(n)
         view[: len(data)] = data
         return len(data)
 
