@@ -99,6 +99,8 @@ def test_presigning_is_left_to_botocore_where_it_would_add_to_the_request(s3, mo
     assert presign_ok(resolve(url, s3.options()).fs, "data/a.bin")
     assert not presign_ok(resolve(url, s3.options(requester_pays=True)).fs, "data/a.bin")
     assert not presign_ok(resolve(url, s3.options(version_aware=True)).fs, "data/a.bin")
+    sse_c = {"SSECustomerAlgorithm": "AES256", "SSECustomerKey": "k" * 32}
+    assert not presign_ok(resolve(url, s3.options(s3_additional_kwargs=sse_c)).fs, "data/a.bin")
     opts = s3.options()
     opts["client_kwargs"] = {**opts["client_kwargs"], "verify": False}
     assert not presign_ok(resolve(url, opts).fs, "data/a.bin")

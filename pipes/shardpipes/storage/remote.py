@@ -24,6 +24,7 @@ the stream and skips to the offset reached.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import errno
 import io
 import logging
@@ -61,6 +62,7 @@ __all__ = [
     "RetryPolicy",
     "classify_error",
     "open_remote",
+    "presign_ok",
     "redact_url",
 ]
 
@@ -128,18 +130,22 @@ class _RangeTransport:
 
 # --- S3 ranges as GETs of a presigned URL ---------------------------------------------------------
 #
-# s3fs spends 4.4-4.7 ms of CPU on each request (botocore signs it, runs its event hooks, builds
-# the user agent, parses the response headers), about half the reader's CPU at 8 MiB per request
-# (docs/performance.md, "Where the reader's CPU goes on S3"). A GET of a URL that s3fs presigned
-# (once per object: 0.8 ms) with a Range header costs 1.9 ms. Only where botocore would add
-# nothing to the request: no requester-pays or SSE-C headers (``req_kw``), no object versions,
-# no TLS or proxy settings of the client's own (an HTTP proxy in the environment, ``verify``,
-# ``proxies``). Whatever the presigned GET cannot settle (a 403, 404 or other 4xx, an error
-# before any answer) is read through s3fs from then on, which reports it as it always has;
-# errors never show the signed URL. ``SHARDPIPES_S3_PRESIGNED=0`` turns it off.
+# s3fs spends 3-5 ms of CPU on each request (botocore signs it, runs its event hooks, builds the
+# user agent, parses the answer's headers): at 8 MiB per request, a quarter of the reader's CPU
+# (docs/performance.md, "Where the reader's CPU goes on S3"). A GET with a Range header of a URL
+# that s3fs presigned (once per object, 0.4-0.8 ms) costs about half. Only where botocore would
+# add nothing to the request: no requester-pays or SSE-C headers (``req_kw``,
+# ``s3_additional_kwargs``), no object versions, no TLS or proxy settings of the client's own
+# (``verify``, ``proxies``, a proxy in the environment). What a presigned GET cannot settle (a
+# 4xx, a redirect, an error before any answer) is read through s3fs from then on, which reports
+# it as it always has (so a 403 is asked twice, once presigned). Errors never show the signed
+# URL.
+# ``SHARDPIPES_S3_PRESIGNED=0`` turns it off.
 
 _PRESIGN_EXPIRES = 3600
-_RESIGN_AFTER = 900.0  # seconds: sign again long before the URL expires
+# Sign again after 5 minutes: botocore refreshes temporary credentials 10 minutes before they
+# expire at the latest, so a URL is never used past its credentials.
+_RESIGN_AFTER = 300.0
 _PROXY_ENV = ("http_proxy", "https_proxy", "all_proxy")
 _CLIENT_KWARGS_OK = frozenset({"endpoint_url", "region_name"})
 
@@ -148,7 +154,7 @@ class _Unsigned(Exception):
     """The presigned GET cannot settle this request: read it through the filesystem."""
 
 
-class PresignedStatus(OSError):
+class _PresignedStatus(OSError):
     """A transient HTTP status (5xx, 429, 408) of a presigned S3 GET; the URL is not in it."""
 
     def __init__(self, status: int) -> None:
@@ -164,6 +170,8 @@ def presign_ok(fs: Any, path: str) -> bool:
     if cls.__name__ != "S3FileSystem" or not cls.__module__.startswith("s3fs"):
         return False
     if not _is_async(fs) or getattr(fs, "version_aware", False) or getattr(fs, "req_kw", None):
+        return False  # req_kw: requester pays
+    if getattr(fs, "s3_additional_kwargs", None):  # SSE-C keys, say: headers of every request
         return False
     if set(getattr(fs, "client_kwargs", None) or {}) - _CLIENT_KWARGS_OK:
         return False
@@ -186,12 +194,12 @@ class _Presigned:
         self._signed_at = 0.0
         self._lock = threading.Lock()
 
-    def _current_url(self, fresh: bool = False) -> str:
+    def _current_url(self) -> str:
         from fsspec.asyn import sync
 
         with self._lock:
             now = time.monotonic()
-            if fresh or self._url is None or now - self._signed_at > _RESIGN_AFTER:
+            if self._url is None or now - self._signed_at > _RESIGN_AFTER:
                 url: str = sync(self.fs.loop, self.fs._url, self.path, expires=_PRESIGN_EXPIRES)
                 self._url, self._signed_at = url, now
             return self._url
@@ -199,22 +207,16 @@ class _Presigned:
     def fetch(self, start: int, length: int, timeout: float | None) -> bytes:
         from fsspec.asyn import sync
 
-        for fresh in (False, True):  # a 403 may be an expired URL: sign once more
-            try:
-                url = self._current_url(fresh)
-            except Exception as exc:
-                raise _Unsigned("cannot presign") from exc
-            got: tuple[int, bytes] = sync(
-                self.fs.loop, _get_range, url, start, length, timeout=timeout
-            )
-            status, data = got
-            if status in (200, 206):
-                return data
-            if status == 403 and not fresh:
-                continue
-            if status >= 500 or status in (408, 429):
-                raise PresignedStatus(status)
-            break
+        try:
+            url = self._current_url()
+        except Exception as exc:
+            raise _Unsigned("cannot presign") from exc
+        got: tuple[int, bytes] = sync(self.fs.loop, _get_range, url, start, length, timeout=timeout)
+        status, data = got
+        if status in (200, 206):
+            return data
+        if status >= 500 or status in (408, 429):
+            raise _PresignedStatus(status)
         raise _Unsigned(f"HTTP {status}")
 
 
@@ -254,8 +256,12 @@ async def _session() -> Any:
     loop = asyncio.get_running_loop()
     session = _SESSIONS.get(id(loop))
     if session is None or session.closed:
+        from fsspec.implementations.http import HTTPFileSystem
+
         session = aiohttp.ClientSession(auto_decompress=False)
         _SESSIONS[id(loop)] = session
+        # Closed at exit as fsspec closes its HTTP sessions (or aiohttp reports it unclosed).
+        atexit.register(HTTPFileSystem.close_session, loop, session)
     return session
 
 
