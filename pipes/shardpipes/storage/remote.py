@@ -243,10 +243,20 @@ async def _get_range(url: str, start: int, length: int) -> tuple[int, bytes]:
         raise _Unsigned(type(exc).__name__) from None
 
 
-_SESSIONS: dict[int, Any] = {}  # event loop id -> aiohttp session of this process
+_SESSIONS: dict[int, tuple[Any, Any]] = {}  # event loop id -> (loop, this process's session)
 
 
-if hasattr(os, "register_at_fork"):  # a forked child has its own loop, never its parent's
+def _close_sessions() -> None:
+    """At exit, close this process's sessions as fsspec closes its own (else aiohttp complains)."""
+    from fsspec.implementations.http import HTTPFileSystem
+
+    for loop, session in list(_SESSIONS.values()):
+        HTTPFileSystem.close_session(loop, session)
+
+
+atexit.register(_close_sessions)
+if hasattr(os, "register_at_fork"):
+    # A forked child has its own loop; its parent's sessions (and sockets) are never its own.
     os.register_at_fork(after_in_child=_SESSIONS.clear)
 
 
@@ -254,15 +264,11 @@ async def _session() -> Any:
     import aiohttp
 
     loop = asyncio.get_running_loop()
-    session = _SESSIONS.get(id(loop))
-    if session is None or session.closed:
-        from fsspec.implementations.http import HTTPFileSystem
-
-        session = aiohttp.ClientSession(auto_decompress=False)
-        _SESSIONS[id(loop)] = session
-        # Closed at exit as fsspec closes its HTTP sessions (or aiohttp reports it unclosed).
-        atexit.register(HTTPFileSystem.close_session, loop, session)
-    return session
+    got = _SESSIONS.get(id(loop))
+    if got is None or got[1].closed:
+        got = (loop, aiohttp.ClientSession(auto_decompress=False))
+        _SESSIONS[id(loop)] = got
+    return got[1]
 
 
 class _StreamTransport:
