@@ -153,7 +153,10 @@ def logical_reader(
             graph = reset_fn(graph, info, SeedGenerator.from_plan(spawned))
         found = ReaderGraph(skip_counters(graph), flow_stages(graph))
         if telemetry is not None:
-            found.reporter = WorkerReporter(graph, *telemetry, shared=_shared_storage())
+            # Ray's code sends the bundles in this thread, between the graph's items
+            found.reporter = WorkerReporter(
+                graph, *telemetry, shared=_shared_storage(), task_thread=True
+            )
         items = _one_at_a_time(iter(graph))
     return (itertools.islice(items, after, None) if replay else items), found
 

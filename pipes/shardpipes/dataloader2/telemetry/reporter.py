@@ -79,6 +79,8 @@ class WorkerReporter:
         budget: The stack sampler's CPU budget (:data:`~.sampler.BUDGET`).
         shared: The process's storage counters, when other reporters in the process claim them
             too; ``None``: this reporter is the process's only one, and reports all its reads.
+        task_thread: The graph runs in a thread that also runs other code between items (a
+            Ray task's): its sampler runs until :meth:`close` (``StageSampler(until_stopped)``).
     """
 
     def __init__(
@@ -88,6 +90,7 @@ class WorkerReporter:
         budget: float = BUDGET,
         *,
         shared: SharedStorage | None = None,
+        task_thread: bool = False,
     ) -> None:
         self._start = time.perf_counter()
         self._sent = -EVERY
@@ -98,7 +101,11 @@ class WorkerReporter:
         self._claimed: dict[str, Any] = {"bytes_read": 0, "opened": 0, "closed": 0, "retries": {}}
         self.busy = 0.0
         self.items = 0
-        self.sampler = StageSampler(datapipe, interval, budget=budget) if interval else None
+        self.sampler = (
+            StageSampler(datapipe, interval, budget=budget, until_stopped=task_thread)
+            if interval
+            else None
+        )
         if self.sampler is not None:
             self.sampler.start()  # this thread: the one that iterates the graph
 
