@@ -57,6 +57,9 @@ class RayReadingService(MultiProcessingReadingService):
     in the same order, whatever the pool does: readers that die are leased again from their
     next item, and :meth:`scale` moves readers between actors without a pause. States record
     ``num_workers``; a state taken under this service resumes under the worker pool and back.
+    What the readers' stages skip and drop reaches ``dl.stats()`` and the loader's empty-epoch
+    check, and under ``dl.watch()`` their figures reach telemetry, one worker per logical reader,
+    as a worker process's do.
 
     Ray must be initialised (``ray.init(address=...)``) in the trainer process before the
     first epoch. Combine with ``DistributedReadingService`` as the worker pool is:
