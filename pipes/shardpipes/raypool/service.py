@@ -135,9 +135,8 @@ class RayReadingService(MultiProcessingReadingService):
         self._dealer: Dealer | None = None  # this epoch's
         self._skips_before = SkipStats()  # what the readers skipped in the epochs before
         self._flows_before: list[list[Any]] = []  # their stages' drop totals in those epochs
-        self._source: tuple[Any, str] | None = (
-            None  # (core, its source) for the empty-epoch warning
-        )
+        # (core, its source): what the empty-epoch warning says of an epoch of nothing
+        self._source: tuple[Any, str] | None = None
         self._figures = ReaderFigures()  # telemetry's worker figures, per logical reader
         self._unchecked: set[int] = set()  # fences of moved leases that seek (see _checked)
         #: Counters: ``items``, ``messages``, ``wait_s`` (trainer time waiting for readers),
