@@ -549,7 +549,7 @@ def _decoded(
     piece = slicer(source)
     # Large members kept by their place (formats/placed.py), when there are any.
     where = placed.place_of(source, sizes)
-    cols = []
+    cols: list[list[Any]] = []
     for r, fn in enumerate(fns):
         if fn is None and where is not None:
             cols.append(placed.values(where, piece, at[r::m], sizes[r::m]))
