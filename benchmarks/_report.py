@@ -193,6 +193,11 @@ def _epoch_rates(r: dict) -> list[float]:
     return [r["samples"] / c for c in r.get("cpu_epochs_s") or [] if c > 0]
 
 
+def _rate(x: float) -> str:
+    """Samples per CPU-second: thousands with a ``k`` (small samples), whole samples (photographs)."""
+    return f"{x / 1e3:.1f}k" if x >= 10_000 else f"{x:.0f}"
+
+
 def rounds(results: Iterable[dict], workers: int = 0) -> list[str]:
     """Per round (one trial of every peer, run back to back): each in-process row's samples per
     CPU-second epoch by epoch, its last epoch against the ``floor`` row of the same round, and
@@ -216,7 +221,7 @@ def rounds(results: Iterable[dict], workers: int = 0) -> list[str]:
     ours = [p for p in ("shardpipes", "shardpipes_idx", "shardpipes_dl2") if p in peers]
     lines = [
         "| round | "
-        + " | ".join(f"{p} (k/CPU-s by epoch; last / floor)" for p in peers)
+        + " | ".join(f"{p} (per CPU-s by epoch; last / floor)" for p in peers)
         + "".join(f" | {p} / litdata_bare (last epoch)" for p in ours if "litdata_bare" in peers)
         + " |",
         "|---|" + "---|" * (len(peers) + (len(ours) if "litdata_bare" in peers else 0)),
@@ -232,7 +237,7 @@ def rounds(results: Iterable[dict], workers: int = 0) -> list[str]:
             if not rates:
                 cells.append("-")
                 continue
-            text = "/".join(f"{x / 1e3:.1f}" for x in rates)
+            text = "/".join(map(_rate, rates))
             if floor and p != "floor":
                 text += f"; {rates[-1] / floor:.2f}"
             cells.append(text)

@@ -353,7 +353,7 @@ def report(
     round_lines = _report.rounds(results or [])
     if round_lines:
         print(
-            "\nIn-process, round by round (samples per CPU-second of this process, thousands, "
+            "\nIn-process, round by round (samples per CPU-second of this process, "
             "epoch by epoch; the first epoch holds building the loader):\n" + "\n".join(round_lines)
         )
 

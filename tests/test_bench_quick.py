@@ -161,7 +161,9 @@ def test_floor_row_and_rounds_epoch_by_epoch(tmp_path):
         re.M,
     ), proc.stdout
     rounds = re.findall(
-        r"^\| (\d) \| ([\d.]+)/([\d.]+) \| ([\d.]+)/([\d.]+); ([\d.]+) \|$", proc.stdout, re.M
+        r"^\| (\d) \| ([\d.]+k?)/([\d.]+k?) \| ([\d.]+k?)/([\d.]+k?); ([\d.]+) \|$",
+        proc.stdout,
+        re.M,
     )
     assert [r[0] for r in rounds] == ["1"], proc.stdout
 
