@@ -38,6 +38,12 @@ Peer, in-process / with workers, and what a batch is:
 - ``tarfile``: Python's ``tarfile`` in stream mode reading every member's bytes (and counting
   keys), nothing else: the floor of any tarfile-based loader. In-process only.
 - ``cat``: ``cat`` of the shard files to ``/dev/null``: the I/O limit. Handled by the runner.
+- ``floor``: the item function (``_work.bytes_item`` / ``jpeg_item``) alone, over the preset's
+  samples already in memory (read from the tars before the clock starts, in a fixed shuffled
+  order; ``.json``/``.bin``/``.jpg`` as ``memoryview`` as LitData hands them, so the item
+  function copies ``.bin`` once as every loader must; ``.cls`` as the tar's bytes), lists of 64
+  made and dropped as the loaders' batches are. No reading, no loader: what any Python loader
+  that runs this item function must at least spend. In-process only.
 """
 
 from __future__ import annotations
@@ -418,6 +424,53 @@ def _nothing() -> None:
     pass
 
 
+_FLOOR_SAMPLES: list[dict] = []  # filled by preload("floor"), before the clock starts
+
+
+def _load_floor_samples(m: dict) -> None:
+    import random
+    import tarfile as tarfile_mod
+
+    samples: dict[str, dict] = {}
+    for path in m["paths"]:
+        with tarfile_mod.open(path, "r|") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                key, _, ext = member.name.partition(".")
+                f = tar.extractfile(member)
+                data = f.read() if f is not None else b""
+                s = samples.setdefault(key, {"__key__": key})
+                s[ext] = data if ext == "cls" else memoryview(data)
+    if len(samples) != m["samples"]:
+        raise RuntimeError(f"floor: read {len(samples)} samples, the manifest says {m['samples']}")
+    order = list(samples.values())
+    random.Random(0).shuffle(order)
+    _FLOOR_SAMPLES[:] = order
+
+
+class _Floor:
+    """The item function over samples in memory, in lists of ``batch`` dropped as made."""
+
+    def __init__(self, item: Callable[[dict], dict], batch: int) -> None:
+        self.item, self.batch = item, batch
+
+    def __iter__(self) -> Any:
+        item, samples, n = self.item, _FLOOR_SAMPLES, self.batch
+        for i in range(0, len(samples), n):
+            yield [item(s) for s in samples[i : i + n]]
+
+
+def floor(m: dict, workers: int, cfg: dict) -> Made:
+    import _work
+
+    if workers:
+        raise ValueError("the floor peer runs in-process only")
+    item = _work.jpeg_item if _jpeg(m) else _work.bytes_item
+    what = f"the item function ({item.__name__}) alone over the samples in memory, lists of {cfg['batch']}"
+    return _Floor(item, cfg["batch"]), _nothing, what
+
+
 PEERS: dict[str, Callable[[dict, int, dict], Made]] = {
     "shardpipes": shardpipes,
     "shardpipes_dl2": shardpipes_dl2,
@@ -430,6 +483,7 @@ PEERS: dict[str, Callable[[dict, int, dict], Made]] = {
     "webdataset": webdataset,
     "wids": wids,
     "tarfile": tarfile,
+    "floor": floor,
     "litdata": lambda m, w, c: _native("litdata", m, w, c),
     "litdata_bare": lambda m, w, c: _native("litdata_bare", m, w, c),
     "mosaic": lambda m, w, c: _native("mosaic", m, w, c),
@@ -487,6 +541,7 @@ PRELOAD: dict[str, list[str]] = {
     "webdataset": ["torch", "webdataset"],
     "wids": ["torch", "wids", "wids.wids_decode"],
     "tarfile": ["tarfile"],
+    "floor": ["torch", "_work"],
     "litdata": ["torch", "litdata", "_peers_native"],
     "litdata_bare": ["torch", "litdata", "_peers_native"],
     "mosaic": ["torch", "_peers_native"],
@@ -505,6 +560,8 @@ def preload(peer: str, m: dict | None = None) -> None:
         from shardpipes.index import build_index
 
         build_index(m["paths"], progress=False).save(_index_path(m))
+    if peer == "floor" and m is not None:
+        _load_floor_samples(m)
 
     names = PRELOAD[peer]
     if m is not None and m.get("transport") == "s3" and "s3fs" not in names:
@@ -537,6 +594,7 @@ def library_versions(peer: str) -> dict[str, str]:
         "webdataset": ["webdataset", "torch"],
         "wids": ["wids", "torch"],
         "tarfile": [],
+        "floor": ["torch"],
         "litdata": ["litdata", "torch"],
         "litdata_bare": ["litdata", "torch"],
         "mosaic": ["mosaicml-streaming", "torch"],

@@ -11,6 +11,7 @@ __all__ = [
     "PEERS",
     "best_peer",
     "ratios",
+    "rounds",
     "summarise",
     "table",
     "targets",
@@ -21,6 +22,7 @@ MODE_NAMES = {0: "in-process"}
 
 # Every peer of the benchmark, in the order of its tables and plots (floors first).
 ALL_PEERS = [
+    "floor",
     "cat",
     "tarfile",
     "webdataset",
@@ -160,6 +162,11 @@ def _ours(rows: dict) -> str:
 def ratios(rows: dict, workers: int, limit: str = "cat") -> list[str]:
     out = []
     ours = _ours(rows)
+    floor = _get(rows, "floor", 0, "samples_per_cpu_s")
+    for peer in [p for p in ALL_PEERS if p != "floor"] if floor else []:
+        cpu = _get(rows, peer, 0, "samples_per_cpu_s")
+        if cpu:
+            out.append(f"{peer}/floor (in-process, per CPU-second, medians): {cpu / floor:.2f}")
     for mode in (0, workers):
         sp = _get(rows, ours, mode, "samples_per_s")
         if sp is None:
@@ -179,6 +186,67 @@ def ratios(rows: dict, workers: int, limit: str = "cat") -> list[str]:
         if cat and mb:
             out.append(f"{ours}/limit ({limit} MB/s, {mode_name(mode)}): {mb / cat:.1%}")
     return out
+
+
+def _epoch_rates(r: dict) -> list[float]:
+    """Samples per CPU-second of each epoch of one trial (in-process rows: this process's CPU)."""
+    return [r["samples"] / c for c in r.get("cpu_epochs_s") or [] if c > 0]
+
+
+def _rate(x: float) -> str:
+    """Samples per CPU-second: thousands with a ``k`` (small samples), whole samples (photographs)."""
+    return f"{x / 1e3:.1f}k" if x >= 10_000 else f"{x:.0f}"
+
+
+def rounds(results: Iterable[dict], workers: int = 0) -> list[str]:
+    """Per round (one trial of every peer, run back to back): each in-process row's samples per
+    CPU-second epoch by epoch, its last epoch against the ``floor`` row of the same round, and
+    shardpipes against LitData bare in that round.
+
+    On a shared machine a round's rows see much the same machine; the ratios within a round move
+    less than the figures. LitData's epochs are listed one by one so that both of its modes show
+    where they occur (``docs/performance.md``: "LitData bare and its two modes").
+    """
+    by_round: dict[int, dict[str, dict]] = {}
+    for r in results:
+        if "error" in r or r.get("workers") != workers or "round" not in r:
+            continue
+        by_round.setdefault(r["round"], {})[r["peer"]] = r
+    if not by_round:
+        return []
+    peers = sorted(
+        {p for rs in by_round.values() for p in rs},
+        key=lambda p: ALL_PEERS.index(p) if p in ALL_PEERS else 99,
+    )
+    ours = [p for p in ("shardpipes", "shardpipes_idx", "shardpipes_dl2") if p in peers]
+    lines = [
+        "| round | "
+        + " | ".join(f"{p} (per CPU-s by epoch; last / floor)" for p in peers)
+        + "".join(f" | {p} / litdata_bare (last epoch)" for p in ours if "litdata_bare" in peers)
+        + " |",
+        "|---|" + "---|" * (len(peers) + (len(ours) if "litdata_bare" in peers else 0)),
+    ]
+    for rnd in sorted(by_round):
+        rs = by_round[rnd]
+        floor = (
+            _epoch_rates(rs["floor"])[-1] if "floor" in rs and _epoch_rates(rs["floor"]) else None
+        )
+        cells = []
+        for p in peers:
+            rates = _epoch_rates(rs[p]) if p in rs else []
+            if not rates:
+                cells.append("-")
+                continue
+            text = "/".join(map(_rate, rates))
+            if floor and p != "floor":
+                text += f"; {rates[-1] / floor:.2f}"
+            cells.append(text)
+        lit = _epoch_rates(rs["litdata_bare"]) if "litdata_bare" in rs else []
+        for p in ours if "litdata_bare" in peers else []:
+            mine = _epoch_rates(rs[p]) if p in rs else []
+            cells.append(f"{mine[-1] / lit[-1]:.2f}x" if mine and lit else "-")
+        lines.append(f"| {rnd + 1} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def best_peer(rows: dict, mode: int, what: str = "samples_per_cpu_s") -> tuple[str, float] | None:

@@ -8,8 +8,10 @@ are imported, and stops at the last batch of the epoch (worker shutdown is not c
 epochs, as DataLoader2's do, are then already running). Peak RSS: ``VmHWM`` of this process,
 and ``getrusage(RUSAGE_CHILDREN).ru_maxrss`` for the largest child (a worker, or ``cat``),
 read after the loader has been shut down and its workers reaped. CPU seconds (user + system,
-this process and its children) are reported per pass too: on a shared machine they move less
-than wall time.
+this process and its children) are reported per pass too (and per epoch, ``cpu_epochs_s``:
+the first epoch holds building the loader, as its wall time does; workers' CPU counts only once
+they are reaped, so per epoch it is exact for in-process rows only): on a shared machine they
+move less than wall time.
 """
 
 from __future__ import annotations
@@ -89,12 +91,13 @@ def _cpu_s() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def _iterate(m: dict, workers: int, cfg: dict, epochs: int) -> dict:
+def _iterate(m: dict, workers: int, cfg: dict, epochs: int, cpu_start: float) -> dict:
     make = _peers.PEERS[cfg["peer"]]
     t0 = time.perf_counter()
     iterable, close, loader = make(m, workers, cfg)
-    seconds, first, counts = [], None, []
+    seconds, first, counts, cpu = [], None, [], []
     rss, rss_children = [], []  # after each epoch: this process, and the sum over live workers
+    c0 = cpu_start
     try:
         for _ in range(epochs):
             n = 0
@@ -105,11 +108,14 @@ def _iterate(m: dict, workers: int, cfg: dict, epochs: int) -> dict:
                 if first is None:
                     first = t_last - t0
             seconds.append(t_last - t0)
+            c1 = _cpu_s()
+            cpu.append(c1 - c0)
             counts.append(n)
             if epochs > 1:  # reading /proc is not part of the timed work
                 rss.append(_status_kb("VmRSS") / 1024)
                 rss_children.append(sum(_children_rss_kb()) / 1024)
             t0 = time.perf_counter()
+            c0 = _cpu_s()
     finally:
         close()
     if len(set(counts)) != 1:
@@ -119,6 +125,7 @@ def _iterate(m: dict, workers: int, cfg: dict, epochs: int) -> dict:
         "seconds": seconds,
         "first_batch_s": first,
         "loader": loader,
+        "cpu_epochs_s": cpu,
         "rss_epochs_mb": rss,
         "rss_children_epochs_mb": rss_children,
     }
@@ -146,7 +153,7 @@ def main() -> None:
         out = _s3cat(m)
         passes = 1
     else:
-        out = _iterate(m, args.workers, cfg, args.epochs)
+        out = _iterate(m, args.workers, cfg, args.epochs, cpu0)
         passes = args.epochs
     # CPU time of this process and its reaped children (workers, cat) per pass over the data:
     # less sensitive than wall time to other work on the machine.

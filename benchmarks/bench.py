@@ -18,7 +18,11 @@ LitData, Mosaic, Energon and DALI run in ``.bench/venv-peers``, created on first
 written once by their own writer into ``<preset dir>/native/<peer>/`` (``_native.py``); a peer
 whose writer fails is reported as not measured, with the writer's error. The ``jpeg`` preset
 (photographs, ImageNet's training transform; ``_photos.py``, ``_work.py``) adds the rows
-``shardpipes_fused``/``shardpipes_fused_t2`` (shardpipes' ``decode_random_resized_crop``). Shards are generated
+``shardpipes_fused``/``shardpipes_fused_t2`` (shardpipes' ``decode_random_resized_crop``). The
+``floor`` row is the item function alone over the samples already in memory (``_peers.py``):
+every in-process row is also given as a fraction of it, and, with ``--epochs N``, round by round
+and epoch by epoch (``_report.rounds``), so that a machine that slows down between rounds shows
+in every row of that round. ``paired.py`` interleaves one loader with the floor in one process. Shards are generated
 once into ``.bench/data`` (see ``_data.py``). Neither is tracked by git. What each peer runs,
 and how its batches are collated, is in ``_peers.py``; the results and how to read them are in
 ``docs/performance.md``.
@@ -46,6 +50,7 @@ import _venv  # noqa: E402
 
 ALL_PEERS = _report.ALL_PEERS
 IN_PROCESS_ONLY = {
+    "floor",
     "cat",
     "s3cat",
     "tarfile",
@@ -306,6 +311,7 @@ def measure(
             for peer, workers in configs:
                 t0 = time.perf_counter()
                 r = run_trial(pythons[peer], peer, workers, manifest_path, args, env)
+                r["round"] = trial
                 results.append(r)
                 what = r.get("error") or f"{r['samples'] / r['seconds'][-1]:,.0f} samples/s"
                 log(
@@ -318,7 +324,13 @@ def measure(
 
 
 def report(
-    title: str, m: dict, rows: dict, args: argparse.Namespace, unavailable: dict, limit: str
+    title: str,
+    m: dict,
+    rows: dict,
+    args: argparse.Namespace,
+    unavailable: dict,
+    limit: str,
+    results: list[dict] | None = None,
 ) -> None:
     p = m["preset"]
     what = (
@@ -338,6 +350,12 @@ def report(
     ratio_lines = _report.ratios(rows, args.workers, limit)
     if ratio_lines:
         print("\nRatios (samples/s unless stated):\n" + "\n".join(f"- {x}" for x in ratio_lines))
+    round_lines = _report.rounds(results or [])
+    if round_lines:
+        print(
+            "\nIn-process, round by round (samples per CPU-second of this process, "
+            "epoch by epoch; the first epoch holds building the loader):\n" + "\n".join(round_lines)
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -389,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         warm(m["paths"])
         results = all_results[name] = measure(name, m, configs_for(here, args), pythons, args)
         rows = _report.summarise(results)
-        report(name, m, rows, args, missing, "cat")
+        report(name, m, rows, args, missing, "cat", results)
         targets = _report.targets(name, rows, args.workers)
         print("\nTargets:\n" + "\n".join(f"- {x}" for x in targets), flush=True)
         status |= _failed(rows)

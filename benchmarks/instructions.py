@@ -47,7 +47,19 @@ def _child(peer: str, manifest: str, epochs: int) -> None:
         close()
 
 
-def _manifest(data: str, peer: str) -> str:
+def newest_small() -> str:
+    """The newest ``.bench/data/small-*`` folder (``bench.py --presets small`` writes it)."""
+    root = os.path.join(REPO, ".bench", "data")
+    found = sorted(
+        (os.path.join(root, d) for d in os.listdir(root) if d.startswith("small-")),
+        key=os.path.getmtime,
+    )
+    if not found:
+        raise SystemExit("no .bench/data/small-*: run bench.py --presets small first")
+    return found[-1]
+
+
+def manifest_for(data: str, peer: str) -> str:
     """The preset's manifest with where LitData's chunks are (as ``bench.py`` adds it)."""
     with open(os.path.join(data, "manifest.json")) as f:
         m = json.load(f)
@@ -77,26 +89,24 @@ def main() -> None:
     )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--manifest", help=argparse.SUPPRESS)
-    ap.add_argument("--epochs", type=int, default=2, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--epochs",
+        type=int,
+        default=2,
+        help="epochs in the process (default: 2); every epoch after the first is counted alone",
+    )
     args = ap.parse_args()
+    if args.epochs < 2:
+        ap.error("--epochs must be >= 2 (the first epoch holds the start-up)")
     if args.child:
         _child(args.peer, args.manifest, args.epochs)
         return
-    data = args.data
-    if data is None:
-        root = os.path.join(REPO, ".bench", "data")
-        found = sorted(
-            (os.path.join(root, d) for d in os.listdir(root) if d.startswith("small-")),
-            key=os.path.getmtime,
-        )
-        if not found:
-            raise SystemExit("no .bench/data/small-*: run bench.py --presets small first")
-        data = found[-1]
+    data = args.data or newest_small()
     python = args.python
     if python is None:
         venv = os.path.join(REPO, ".bench", "venv-peers", "bin", "python")
         python = venv if args.peer.startswith("litdata") else sys.executable
-    manifest = _manifest(data, args.peer)
+    manifest = manifest_for(data, args.peer)
     out = tempfile.mkdtemp(prefix="callgrind-")
     cmd = [
         "valgrind",
@@ -108,19 +118,20 @@ def main() -> None:
         "--child",
         f"--peer={args.peer}",
         f"--manifest={manifest}",
-        "--epochs=2",
+        f"--epochs={args.epochs}",
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     counts = [int(x.split()[1]) for x in done.stdout.splitlines() if x.startswith("SAMPLES ")]
-    if done.returncode != 0 or len(counts) != 2:
+    if done.returncode != 0 or len(counts) != args.epochs:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
-    # Dump 1: start-up and epoch 1; dump 2: epoch 2 alone.
-    second = _summary(f"{out}/cg.out.2")
-    print(
-        f"{args.peer}: {second / counts[1]:,.0f} instructions per sample "
-        f"(epoch 2: {counts[1]:,} samples, {second:,} instructions; {data})"
-    )
+    # Dump 1: start-up and epoch 1; dump k: epoch k alone.
+    for epoch in range(2, args.epochs + 1):
+        n = _summary(f"{out}/cg.out.{epoch}")
+        print(
+            f"{args.peer}: {n / counts[epoch - 1]:,.0f} instructions per sample "
+            f"(epoch {epoch}: {counts[epoch - 1]:,} samples, {n:,} instructions; {data})"
+        )
     os.unlink(manifest)
 
 

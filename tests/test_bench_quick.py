@@ -139,3 +139,42 @@ def test_relay_passes_bytes_through_and_counts_requests(http_server):
                 assert resp.read() == data
     # Every request went through the relay to the server.
     assert len(http_server.log.gets("blob.bin")) == 2
+
+
+def test_floor_row_and_rounds_epoch_by_epoch(tmp_path):
+    # The floor (the item function alone, samples in memory) runs as a row; every in-process row
+    # is given against it, and round by round each trial's epochs are listed (CPU per epoch).
+    out = tmp_path / "out.json"
+    cmd = [sys.executable, BENCH, "--quick", "--peers", "floor,shardpipes_idx", "--modes"]
+    cmd += ["inproc", "--trials", "1", "--epochs", "2", "--cache-dir", os.fspath(tmp_path / "data")]
+    cmd += ["--json", os.fspath(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads(out.read_text())["results"]["quick"]
+    assert sorted((r["peer"], r["round"]) for r in results) == [("floor", 0), ("shardpipes_idx", 0)]
+    for r in results:
+        assert r["samples"] == r["expected"] == 1200, r
+        assert len(r["cpu_epochs_s"]) == 2 and min(r["cpu_epochs_s"]) > 0, r
+    assert re.search(
+        r"^- shardpipes_idx/floor \(in-process, per CPU-second, medians\): [\d.]+$",
+        proc.stdout,
+        re.M,
+    ), proc.stdout
+    rounds = re.findall(
+        r"^\| (\d) \| ([\d.]+k?)/([\d.]+k?) \| ([\d.]+k?)/([\d.]+k?); ([\d.]+) \|$",
+        proc.stdout,
+        re.M,
+    )
+    assert [r[0] for r in rounds] == ["1"], proc.stdout
+
+    # paired.py: the same graph and the floor interleaved in one process, epoch by epoch
+    [data] = [d for d in (tmp_path / "data").iterdir() if d.name.startswith("quick-")]
+    paired = os.path.join(REPO, "benchmarks", "paired.py")
+    cmd = [sys.executable, paired, "--peer", "shardpipes_idx", "--data", os.fspath(data)]
+    cmd += ["--epochs", "2", "--block", "256"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    epochs = re.findall(r"^epoch (\d): 1,200 samples; .* / floor ([\d.]+) \(", proc.stdout, re.M)
+    assert [e[0] for e in epochs] == ["1", "2"] and all(float(e[1]) > 0 for e in epochs), (
+        proc.stdout
+    )

@@ -25,7 +25,9 @@ from shardpipes.dataloader2 import (
     DistributedReadingService,
     MultiProcessingReadingService,
 )
+from shardpipes.dataloader2.telemetry import stage_name
 from shardpipes.datapipes.iter import IterableWrapper
+from shardpipes.datapipes.iter._lean import LeanFilterIterDataPipe
 from shardpipes.datapipes.iter.base import StageIterDataPipe, traits_of
 from shardpipes.datapipes.iter.index_sharding import IndexSharderIterDataPipe
 from shardpipes.errors import EmptyEpochWarning
@@ -69,14 +71,23 @@ class Silent(Rejects):
     counts_drops = False
 
 
+class KeepsNone(LeanFilterIterDataPipe[Any]):
+    """A user's variant of the loader's lean filter: a ``filter`` by what it declares (``stands_for``)."""
+
+
 @pytest.mark.parametrize("workers", [0, 2], ids=["in-process", "2-workers"])
 @pytest.mark.parametrize(
     ("make", "name"),
-    [(lambda dp: dp.filter(never), "filter"), (lambda dp: Rejects(dp, never), "Rejects")],
-    ids=["filter", "user-stage"],
+    [
+        (lambda dp: dp.filter(never), "filter"),
+        (lambda dp: Rejects(dp, never), "Rejects"),
+        (lambda dp: KeepsNone(dp, never), "filter"),
+    ],
+    ids=["filter", "user-stage", "user-filter"],
 )
 def test_a_stage_that_counts_drops_is_named_when_it_drops_a_whole_epoch(make, name, workers):
     dp = make(IterableWrapper(range(12)).sharding_filter())
+    assert stage_name(dp) == name  # the warning names a stage as telemetry does
     rs = MultiProcessingReadingService(num_workers=workers)
     with DataLoader2(dp, reading_service=rs) as dl:
         with pytest.warns(EmptyEpochWarning, match=rf"{name} received 12 items and dropped all"):

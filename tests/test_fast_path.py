@@ -340,6 +340,74 @@ def test_fused_decoding_takes_the_bulk_path(tmp_path):
     assert all(type(s[".bin"]).__name__ == "StreamBytes" for s in got)
 
 
+# .json values the column decoder (decoders.decode_json_values) must read as decode_json does:
+# documents, space around them, a BOM, text after one, bad UTF-8, bad JSON, nothing at all.
+JSON_VALUES = [
+    b'{"i": 1, "n": "s"}',
+    b"[1, 2.5, null]",
+    b'"\\u00fc"',
+    b" {}",
+    b"{} \n",
+    b"\xef\xbb\xbf{}",
+    b"{}x",
+    b"\xff",
+    b"{",
+    b"",
+    b"1e400",
+    b"NaN",
+]
+
+
+@settings(max_examples=budget(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.sampled_from(JSON_VALUES), min_size=1, max_size=400),
+    st.sampled_from(["raise", "skip", "stop"]),
+    st.booleans(),
+    st.booleans(),
+)
+def test_fused_json_column_matches_decoding_the_samples(
+    tmp_path_factory, values, handler, mapped, bulk
+):
+    """decode() over webdataset() decodes a run's .json column at once: the same values, skips
+    and errors as decode() of each sample's .json."""
+    members = [
+        (f"{i:05d}{ext}", b"%d" % i if ext == ".cls" else v)
+        for i, v in enumerate(values)
+        for ext in (".cls", ".json")
+    ]
+    raw = tar_bytes(members, tarfile.USTAR_FORMAT)
+    path = write_bytes(tmp_path_factory.mktemp("s") / "s.tar", raw)
+
+    def run(fused: bool):
+        if mapped:
+            src = IterableWrapper([path]).open_files_by_fsspec(mode="rb")
+        else:
+            src = IterableWrapper([(path, io.BytesIO(raw))])
+        wds = src.load_from_tar().webdataset()
+        dp = (wds if fused else wds.map(_same)).decode(handler=handler)
+        got = _outcome(lambda: [[(k, type(v), repr(v)) for k, v in s.items()] for s in dp])
+        return got, dp.skipped.samples
+
+    with _bulk_everywhere(bulk):
+        assert run(fused=True) == run(fused=False)
+
+
+def test_json_column_is_decode_json_of_each_value():
+    from shardpipes.formats.decoders import decode_json, decode_json_values
+
+    def outcome(fn):
+        try:
+            return ("ok", repr(fn()))
+        except (ValueError, UnicodeDecodeError) as exc:
+            return ("error", type(exc).__name__, str(exc))
+
+    for value in JSON_VALUES:
+        for column in ([value], [b"{}", value, b"[]"], [memoryview(value)]):
+            assert outcome(lambda c=column: decode_json_values(c)) == outcome(
+                lambda c=column: [decode_json(bytes(x)) for x in c]
+            ), column
+
+
 @settings(max_examples=budget(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(SAMPLE, min_size=1, max_size=300),

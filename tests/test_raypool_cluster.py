@@ -613,3 +613,141 @@ def test_a_state_of_two_ranks_resumes_on_one_as_the_worker_pool_resumes_it(
     assert got == want and got
     ids = [i for head, _ in heads for b, _ in head for i in b] + [i for b, _ in got for i in b]
     assert len(ids) == len(set(ids))  # nothing read twice across the two topologies
+
+
+# --- what the readers' stages drop, and telemetry's worker figures, reach the trainer ------------
+
+
+def odd(sample: tuple[int, str]) -> bool:
+    return sample[0] % 2 == 1
+
+
+def never(sample: Any) -> bool:
+    return False
+
+
+def filtered(paths: list[str], keep: Any) -> Any:
+    return (
+        IterableWrapper(paths)
+        .shuffle()
+        .sharding_by_index()
+        .open_files_by_fsspec()
+        .load_from_tar()
+        .webdataset()
+        .decode()
+        .map(Digest())
+        .filter(keep)
+        .shuffle(buffer_size=4)
+        .batch(3)
+    )
+
+
+def _empty_epoch_warning(rs: Any, paths: list[str]) -> str:
+    import warnings
+
+    from shardpipes.errors import EmptyEpochWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with DataLoader2(filtered(paths, never), reading_service=rs) as dl:
+            dl.seed(5)
+            assert list(dl) == []
+    found = [str(w.message) for w in caught if issubclass(w.category, EmptyEpochWarning)]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_a_filter_in_the_reader_actors_is_counted_and_named_as_in_the_worker_pool(cluster, shards):
+    """The drop totals of a filter in the actors: the same flows as the worker pool's, moves or not.
+
+    A filter cannot seek, so the graph runs by replay; a reader moved in the middle of an
+    epoch ends under its new lease, whose totals are the reader's whole epoch.
+    """
+    V = 2
+    want = _empty_epoch_warning(MultiProcessingReadingService(V), shards)
+    assert "filter received" in want and "dropped all of them" in want
+    got = _empty_epoch_warning(
+        RayReadingService(V, pool="drops-none", readers=1, reader_options=READER, replay=True),
+        shards,
+    )
+    assert got == want  # the stage named, with the same count
+
+    def two_epochs(rs: Any, events: dict[int, Any] | None = None) -> tuple[list[Any], Any]:
+        out = []
+        with DataLoader2(filtered(shards, odd), reading_service=rs) as dl:
+            for epoch in range(2):
+                dl.seed(epoch)
+                for i, batch in enumerate(dl):
+                    out.append(list(batch))
+                    if epoch == 0 and events and i in events:
+                        events[i]()
+            return out, rs.flows()
+
+    expected, flows = two_epochs(MultiProcessingReadingService(V))
+    rs = RayReadingService(
+        V, pool="drops", readers=1, reader_options=READER, bundle=2, check_every=1, replay=True
+    )
+    got_batches, got_flows = two_epochs(rs, {1: lambda: rs.scale(2)})
+    assert got_batches == expected
+    assert rs.stats["moved"] >= 1
+    assert got_flows == flows  # over two epochs, a move in the first
+    assert flows[0][0].name == "filter" and flows[0][0].dropped > 0
+
+
+def _sampler_threads(actor: Any) -> int:
+    import threading
+
+    def count(self: Any) -> int:
+        return sum(t.name == "shardpipes-stage-sampler" for t in threading.enumerate())
+
+    return int(ray.get(actor.__ray_call__.remote(count)))
+
+
+def test_telemetry_sees_each_logical_reader_as_a_worker(cluster, shards):
+    """Under the Ray pool telemetry gets one worker per logical reader, with the worker pool's counts."""
+    V = 2
+
+    def watched(rs: Any) -> Any:
+        dl = DataLoader2(graph(shards), reading_service=rs)
+        telemetry = dl.watch(interval=0.002, budget=float("inf"))
+        snaps = []
+        with dl:
+            for epoch in range(2):
+                dl.seed(epoch)
+                batches = sum(1 for _ in dl)
+                snaps.append(telemetry.snapshot())
+            return snaps, batches, _samplers_left(rs)
+
+    (first, want), n, _ = watched(MultiProcessingReadingService(V))
+    rs = RayReadingService(V, pool="watched", readers=2, reader_options=READER)
+    (got_first, got), m, left = watched(rs)
+    assert m == n and got.batches == want.batches
+    assert [w.worker for w in got.workers] == [w.worker for w in want.workers] == [0, 1]
+    assert [w.items for w in got.workers] == [w.items for w in want.workers]
+    assert sum(w.items for w in got.workers) == got.batches  # no move: each item made once
+    assert all(0 < w.busy <= w.wall and w.cpu > 0 for w in got.workers)
+    # The same reads in an epoch. In the next, a worker's graph still holds the shards' sample
+    # offsets it read (train.index.samples/), where each lease's graph is a fresh copy.
+    assert got_first.storage.bytes_read == first.storage.bytes_read > 0
+    assert got.storage.bytes_read >= want.storage.bytes_read
+    assert got.storage.open_streams == 0
+    worker_stages = {s.name for s in got.stages if s.where == "workers"}
+    assert worker_stages and worker_stages <= {s.name for s in want.stages} | {"(loader)"}
+    assert got.ticks > 0
+    assert left == 0  # the leases' stack samplers ended with their leases
+
+
+def _samplers_left(rs: Any) -> int:
+    """Stack-sampler threads left in the pool's reader actors once the leases ended (polled)."""
+    import time
+
+    if not isinstance(rs, RayReadingService):
+        return 0
+    actors = [ray.get_actor(name, namespace="shardpipes") for name in rs.scale(rs.readers)]
+    left = -1
+    for _ in range(50):  # a lease's generator ends just after its last message is taken
+        left = sum(_sampler_threads(a) for a in actors)
+        if left == 0:
+            break
+        time.sleep(0.1)
+    return left

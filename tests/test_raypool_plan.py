@@ -12,6 +12,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService
+from shardpipes.dataloader2._stats import merge_flows
 from shardpipes.dataloader2.graph import lean_graph
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.plan.epoch import EpochPlan
@@ -418,3 +419,112 @@ def test_the_wait_window_feeds_the_policy_the_share_of_time_waited():
     shares = [x for x in (window.add(*s) for s in steps) if x is not None]
     assert shares == pytest.approx([0.5, 0.01])
     assert [policy.next_size(4, waited=x) for x in shares] == [8, 3]
+
+
+# --- what the readers' stages dropped, and telemetry's figures, travel with the bundles ----------
+
+
+def _odd(i: int) -> bool:
+    return i % 2 == 1
+
+
+def _filtered(paths: list[str]) -> Any:
+    from tests._graphs import sample_id
+
+    return (
+        IterableWrapper(paths)
+        .shuffle()
+        .sharding_by_index()
+        .open_files_by_fsspec()
+        .load_from_tar()
+        .webdataset()
+        .decode()
+        .map(sample_id)
+        .filter(_odd)
+        .shuffle(buffer_size=4)
+        .batch(3)
+    )
+
+
+def test_the_drop_totals_at_a_readers_end_are_the_worker_pools_from_any_lease(indexed):
+    """Each reader's last bundle carries its filter's totals; summed, they are the worker pool's.
+
+    A lease started by replay from item k (a moved or re-leased reader of a graph with a
+    filter, which cannot seek) reports the reader's whole epoch, so whichever lease ends the
+    reader, the totals are the same.
+    """
+    from shardpipes.raypool.reader import logical_reader
+
+    readers = 3
+    rs = MultiProcessingReadingService(readers)
+    with DataLoader2(_filtered(indexed), reading_service=rs) as dl:
+        dl.seed(11)
+        assert all(x % 2 for b in dl for x in b)
+        want = rs.flows()
+    assert want is not None and want[0][0].name == "filter"
+    core = lean_graph(_filtered(indexed))
+    plan = EpochPlan(11, 0)
+    ends = []
+    for w in range(readers):
+        per_start = []
+        for k in (0, 2):
+            items, found = logical_reader(core, plan, w, readers, after=k, replay=True)
+            got = list(reader_bundles(items, w, 1, k, 2, found.counters, flows=found.flows))
+            assert [b.flows is not None for b in got] == [False] * (len(got) - 1) + [True]
+            per_start.append(got[-1].flows)
+        assert per_start[0] == per_start[1], w
+        ends.append(per_start[0])
+    assert merge_flows(ends) == want[0]
+    assert want[0][0].dropped > 0 and want[0][0].passing == readers
+
+
+def test_the_dealer_keeps_the_end_value_of_the_lease_whose_end_it_took():
+    table = LeaseTable(1)
+    dealer = Dealer(table)
+    old = table.grant(0, "a")
+    new = table.replace(old, "b", 0)
+    dealer.offer(old, 0, ["x"], end=1, at_end="fenced")
+    assert dealer.at_end == [None]
+    dealer.offer(new, 0, ["x"], end=1, at_end="current")
+    assert dealer.at_end == ["current"] and dealer.ready(0) == 1
+
+
+def test_reader_bundles_carry_a_report_with_the_first_and_last_bundles():
+    from shardpipes.dataloader2.telemetry import WorkerReporter
+
+    dp = IterableWrapper(range(9))
+    reporter = WorkerReporter(dp, None)  # counted figures only: no stack sampler
+    got = list(reader_bundles(iter(dp), 0, 1, 0, 2, report=reporter.report))
+    assert got[0].figures is not None and got[0].figures["items"] == 2
+    last = got[-1].figures
+    assert last is not None and last["items"] == 9 and last["busy"] <= last["wall"]
+
+
+def _report(items: int, busy: float, nbytes: int, stage: float) -> dict[str, Any]:
+    return {
+        "wall": 2 * busy,
+        "busy": busy,
+        "cpu": busy,
+        "items": items,
+        "stages": {"decode": stage},
+        "ticks": 1,
+        "sampler_cpu": 0.0,
+        "storage": {"bytes_read": nbytes, "opened": 0, "closed": 0, "retries": {"503": 1}},
+    }
+
+
+def test_reader_figures_add_up_a_readers_leases_over_epochs():
+    from shardpipes.raypool.figures import ReaderFigures
+
+    figs = ReaderFigures()
+    figs.take(0, 1, _report(2, 1.0, 10, 0.5))
+    got = figs.take(0, 1, _report(4, 2.0, 30, 1.0))  # the same lease, later: replaces
+    assert (got["items"], got["storage"]["bytes_read"]) == (4, 30)
+    got = figs.take(0, 2, _report(1, 0.5, 5, 0.25))  # a move: a second lease of reader 0
+    assert (got["items"], got["busy"], got["stages"]) == (5, 2.5, {"decode": 1.25})
+    figs.take(1, 3, _report(3, 1.0, 7, 0.0))
+    figs.close()  # the epoch ended
+    got = figs.take(0, 4, _report(6, 1.0, 1, 0.0))  # the next epoch's lease starts from zero
+    assert (got["items"], got["storage"]["bytes_read"]) == (11, 36)
+    assert got["storage"]["retries"] == {"503": 3} and got["wall"] == 7.0
+    assert figs.of(1)["items"] == 3

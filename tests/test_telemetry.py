@@ -28,11 +28,14 @@ from shardpipes.dataloader2.telemetry import (
     StageSampler,
     StorageFigures,
     WorkerFigures,
+    WorkerReporter,
     next_wait,
     stage_labels,
     verdict,
 )
+from shardpipes.dataloader2.telemetry.reporter import SharedStorage
 from shardpipes.datapipes.iter import IterableWrapper
+from shardpipes.storage.counters import COUNTERS
 from shardpipes.synthetic import write_synthetic
 
 WORKERS = pytest.mark.parametrize("workers", [0, 2], ids=["in-process", "2-workers"])
@@ -448,3 +451,24 @@ def test_each_rank_has_its_own_snapshot():
         assert [w.worker for w in snap.workers] == [0] and snap.workers[0].items == 12
         assert verdict(snap).stage == "map"
     assert sorted(results[0]["mine"] + results[1]["mine"]) == list(range(96))
+
+
+def test_reporters_sharing_a_process_claim_each_byte_once(tmp_path):
+    """Several graphs reporting from one process (a Ray reader actor's leases) split its reads."""
+    paths = write_synthetic(tmp_path, shards=2, samples=5, payload_bytes=64)
+    shared = SharedStorage()
+    graphs = [IterableWrapper([p]).open_files_by_fsspec().load_from_tar() for p in paths]
+    reporters = [WorkerReporter(g, None, shared=shared) for g in graphs]
+    alone = WorkerReporter(graphs[0], None)  # the process's only reporter: all of its reads
+    before = COUNTERS.totals()["bytes_read"]
+    seen = []
+    for graph, reporter in zip(graphs, reporters, strict=True):
+        n = sum(1 for _ in graph)
+        seen.append(reporter.report(0.0, n, last=True))
+    read = COUNTERS.totals()["bytes_read"] - before
+    assert read == sum(os.path.getsize(p) for p in paths)
+    assert [f["storage"]["bytes_read"] for f in seen] == [os.path.getsize(p) for p in paths]
+    again = reporters[0].report(0.0, 0, last=True)  # nothing read since: nothing more claimed
+    assert again is not None and again["storage"]["bytes_read"] == seen[0]["storage"]["bytes_read"]
+    whole = alone.report(0.0, 0, last=True)
+    assert whole is not None and whole["storage"]["bytes_read"] == read

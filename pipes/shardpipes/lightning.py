@@ -76,7 +76,7 @@ class LightningLoader(Generic[T]):
             self._used = end
 
     def __len__(self) -> int:
-        return len(self.loader)  # type: ignore[arg-type]
+        return len(self.loader)
 
     def step(self) -> None:
         """A training step takes the oldest batch handed out and not yet taken."""

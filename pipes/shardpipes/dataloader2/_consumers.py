@@ -26,6 +26,7 @@ import sys
 import warnings
 import weakref
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import torch.distributed as dist
@@ -105,7 +106,7 @@ def loader_length(
             "stages and at most one batch() has an exact length"
         )
     try:
-        return len(datapipe)  # type: ignore[arg-type]
+        return len(datapipe)
     except TypeError as exc:
         raise TypeError(f"DataLoader2 instance doesn't have valid length: {exc}") from None
 
@@ -118,11 +119,14 @@ def _lightning_caller(modules: tuple[str, ...]) -> tuple[bool, Any]:
     the steps' batches itself) makes it not Lightning's call. Also returns the ``self`` of the
     first frame in ``modules`` that has one (the fetcher).
     """
-    frame = sys._getframe(3)  # this <- Consumer.find/state <- DataLoader2.__iter__/state_dict
+    # this <- Consumer.find/state <- DataLoader2.__iter__/state_dict
+    frame: FrameType | None = sys._getframe(3)
     found = False
     for _ in range(_DEPTH):
-        name = frame.f_globals.get("__name__", "") if frame is not None else ""
-        if frame is None or not name.startswith(_LIGHTNING):
+        if frame is None:
+            break
+        name = frame.f_globals.get("__name__", "")
+        if not name.startswith(_LIGHTNING):
             break
         if name in modules:
             found = True

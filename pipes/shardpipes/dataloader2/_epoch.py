@@ -85,7 +85,8 @@ def make_graph(dl: Any) -> Any:
 def next_seed(dl: Any) -> tuple[int, int]:
     """The (seed, epoch) of the epoch that starts now."""
     if dl._pending is not None:
-        found, dl._pending = dl._pending, None
+        found: tuple[int, int] = dl._pending
+        dl._pending = None
         return found
     if dl._seed is not None:
         dl._epoch += 1

@@ -36,7 +36,7 @@ class DataLoader2Iterator(Iterator[T]):
             raise StopIteration
         if dl._is_paused:
             raise PauseIteration  # ends this loop; the epoch continues after resume()
-        item = next(dl._active)
+        item: T = next(dl._active)
         if dl._consumer is not None:  # Lightning's fetcher: its state after each batch (_consumers)
             dl._consumer.handed_out(dl._state())
         if self.limit_threshold is not None:

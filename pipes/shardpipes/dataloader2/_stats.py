@@ -9,8 +9,7 @@ from typing import Any
 
 from torch.utils.data import IterDataPipe
 
-from shardpipes.dataloader2.graph import registered_names, stages_of
-from shardpipes.datapipes.iter._lean import LeanFilterIterDataPipe
+from shardpipes.dataloader2.graph import registered_names, stage_name, stages_of
 from shardpipes.datapipes.iter.base import traits_of
 from shardpipes.errors import EmptyEpochWarning
 from shardpipes.handlers import SkipStats
@@ -18,7 +17,6 @@ from shardpipes.handlers import SkipStats
 __all__ = [
     "StageFlow",
     "check_epoch",
-    "describe",
     "flow_stages",
     "flows_to_list",
     "graph_skips",
@@ -89,18 +87,6 @@ class StageFlow:
     unit: str = "items"
 
 
-def _functional_names() -> dict[type, str]:
-    names: dict[type, str] = {LeanFilterIterDataPipe: "filter"}
-    for cls, name in registered_names().items():
-        names.setdefault(cls, name)
-    return names
-
-
-def describe(dp: Any) -> str:
-    """A stage's functional name (``filter``, ``decode``) or, without one, its class name."""
-    return _functional_names().get(type(dp), type(dp).__name__)
-
-
 def flow_stages(datapipe: IterDataPipe[Any]) -> list[Any]:
     """The stages of ``datapipe`` that can drop items and count it, from the output (find once)."""
     return [
@@ -113,13 +99,15 @@ def flow_stages(datapipe: IterDataPipe[Any]) -> list[Any]:
 def read_flows(stages: Iterable[Any]) -> list[StageFlow]:
     """The current totals of ``stages`` (from :func:`flow_stages`)."""
     out = []
+    registered = registered_names()
     for dp in stages:
+        name = stage_name(dp, registered)  # what the stage declares it is, as telemetry names it
         if traits_of(dp).counts_drops:
-            out.append(StageFlow(describe(dp), dp.dropped, dp.passing))
+            out.append(StageFlow(name, dp.dropped, dp.passing))
         else:
             skipped: SkipStats = dp.skipped
             unit = "shards" if skipped.shards and not skipped.samples else "items"
-            out.append(StageFlow(describe(dp), skipped.samples + skipped.shards, None, unit))
+            out.append(StageFlow(name, skipped.samples + skipped.shards, None, unit))
     return out
 
 
@@ -149,7 +137,7 @@ def source_of_graph(datapipe: IterDataPipe[Any]) -> str:
         size = f" holds {len(source)} items"
     except TypeError:
         size = ""
-    return f"its source {describe(source)}{size}"
+    return f"its source {stage_name(source)}{size}"
 
 
 def check_epoch(

@@ -52,7 +52,7 @@ from shardpipes.dataloader2.graph import (
     apply_epoch_plan,
     describe,
     has_sharding,
-    registered_names,
+    stage_name,
 )
 from shardpipes.dataloader2.graph.utils import _swap_in
 from shardpipes.dataloader2.protocol import Collectives, Topology
@@ -646,7 +646,7 @@ class DistributedReadingService(ReadingServiceInterface):
             )
         inner = [n.stage for n in describe(datapipe).nodes[1:] if n.traits.syncs_ranks]
         if inner:
-            name = registered_names().get(type(inner[0]), type(inner[0]).__name__)
+            name = stage_name(inner[0])
             raise ValueError(
                 f"{name}() may only be the last stage of the graph (it synchronises ranks in the "
                 f"main process); remove the inner {name}()"

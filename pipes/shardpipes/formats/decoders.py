@@ -22,6 +22,8 @@ import json
 import json.scanner
 import pickle
 from collections.abc import Callable, Iterable, Mapping
+from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "Decoder",
     "decode_int",
     "decode_json",
+    "decode_json_values",
     "decode_npy",
     "decode_npz",
     "decode_pickle",
@@ -69,6 +72,26 @@ def decode_json(data: bytes) -> Any:
     if end != len(text) and text[end:].strip(" \t\n\r"):
         return json.loads(data)  # extra data: json.loads raises the error
     return value
+
+
+def decode_json_values(data: list[Any]) -> list[Any]:
+    """:func:`decode_json` of each of ``data`` (bytes-like values), in order, as a list.
+
+    The same values, and the same error where one fails: in the usual case (every value UTF-8
+    text holding one document and nothing after it) the scanner runs over the whole list with
+    no Python frame per value; otherwise each value goes through :func:`decode_json`.
+    """
+    try:
+        texts = list(map(str, data, repeat("utf-8")))
+        found = list(map(_scan_json, texts, repeat(0)))
+    except (StopIteration, UnicodeDecodeError, ValueError):
+        return list(map(decode_json, map(bytes, data)))
+    if list(map(len, texts)) != list(map(_second, found)):  # text after a document
+        return list(map(decode_json, map(bytes, data)))
+    return list(map(_first, found))
+
+
+_first, _second = itemgetter(0), itemgetter(1)
 
 
 def decode_npy(data: bytes) -> Any:

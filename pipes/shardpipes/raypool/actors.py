@@ -13,7 +13,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from shardpipes.plan.epoch import EpochPlan
-from shardpipes.raypool.reader import Bundle, InitFn, ResetFn, logical_reader, reader_bundles
+from shardpipes.raypool.reader import (
+    Bundle,
+    InitFn,
+    ResetFn,
+    TelemetryOn,
+    logical_reader,
+    reader_bundles,
+)
 
 __all__ = ["NAMESPACE", "PoolActor", "ReaderActor"]
 
@@ -42,12 +49,15 @@ class ReaderActor:
         bundle: int,
         replay: bool,
         hooks: tuple[InitFn | None, ResetFn | None] = (None, None),
+        telemetry: TelemetryOn | None = None,
     ) -> Iterator[Bundle]:
         """Logical ``reader``'s items from its item ``after`` on, in bundles (a streaming generator).
 
         ``hooks``: the service's ``(worker_init_fn, worker_reset_fn)``, run for this reader.
+        ``telemetry``: when on, the lease's figures travel with its bundles, as a worker's do.
+        Ray runs the generator in one thread of the actor, which the figures measure.
         """
-        items, counters = logical_reader(
+        items, found = logical_reader(
             graph,
             plan,
             reader,
@@ -57,8 +67,22 @@ class ReaderActor:
             replay=replay,
             init_fn=hooks[0],
             reset_fn=hooks[1],
+            telemetry=telemetry,
         )
-        yield from reader_bundles(items, reader, fence, after, bundle, counters)
+        reporter = found.reporter
+        try:
+            yield from reader_bundles(
+                items,
+                reader,
+                fence,
+                after,
+                bundle,
+                found.counters,
+                flows=found.flows,
+                report=reporter.report if reporter is not None else None,
+            )
+        finally:  # also when the trainer cancels the lease: its sampler thread ends with it
+            found.close()
 
 
 class PoolActor:

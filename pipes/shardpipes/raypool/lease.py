@@ -129,7 +129,9 @@ class Dealer:
     A bundle may carry **marks** ``(n, value)``: a value of its reader as of its first ``n``
     items (the reader's skip counters). A mark is kept only with the items it follows, so
     :attr:`seen` is each reader's latest value as of the items taken in (``wanted``), and
-    :attr:`marks` as of the items dealt.
+    :attr:`marks` as of the items dealt. The bundle that ends a reader may carry a value as of
+    its end (its stages' drop totals): :attr:`at_end` keeps it, from the lease whose end was
+    taken only.
     """
 
     def __init__(self, table: LeaseTable) -> None:
@@ -141,12 +143,17 @@ class Dealer:
         self._pending: list[deque[tuple[int, Any]]] = [deque() for _ in range(readers)]
         self.seen: list[Any] = [None] * readers  # latest mark as of the items taken in
         self.marks: list[Any] = [None] * readers  # latest mark as of the items dealt
+        self.at_end: list[Any] = [None] * readers  # each reader's value at its end, once taken
         self.rotation = deque(range(readers))
         self.dropped = 0  # items offered that were not taken (fenced, or already taken)
 
     def wanted(self, reader: int) -> int:
         """The index of the next item of ``reader`` not yet taken."""
         return self.taken[reader] + len(self._ready[reader])
+
+    def ready(self, reader: int) -> int:
+        """Items of ``reader`` taken in and not yet dealt."""
+        return len(self._ready[reader])
 
     def offer(
         self,
@@ -155,11 +162,12 @@ class Dealer:
         items: list[Any],
         end: int = -1,
         marks: tuple[tuple[int, Any], ...] = (),
+        at_end: Any = None,
     ) -> int:
         """Take what is new of ``items`` (indexes ``start`` ...), made under ``lease``; return how many.
 
         ``end`` (``>= 0``) is the reader's item count when these are its last; ``marks`` the
-        bundle's ``(n, value)`` marks.
+        bundle's ``(n, value)`` marks; ``at_end`` its value as of its end.
         """
         if not self.table.current(lease):
             self.dropped += len(items)
@@ -181,6 +189,7 @@ class Dealer:
                 self.seen[reader] = value
         if ends:
             self.ends[reader] = end
+            self.at_end[reader] = at_end
         self.table.retire(reader, self.wanted(reader))
         return got
 

@@ -19,10 +19,18 @@ from typing import Any
 import torch.distributed as dist
 from torch.utils.data import IterDataPipe
 
-from shardpipes.dataloader2._stats import merge_skips, skips_from_dict
+from shardpipes.dataloader2._stats import (
+    StageFlow,
+    flows_to_list,
+    merge_flows,
+    merge_skips,
+    skips_from_dict,
+    source_of_graph,
+)
 from shardpipes.dataloader2.reading_service import MultiProcessingReadingService
 from shardpipes.errors import WorkerError
 from shardpipes.handlers import SkipStats
+from shardpipes.raypool.figures import ReaderFigures
 from shardpipes.raypool.lease import Dealer, Lease, LeaseTable
 from shardpipes.raypool.membership import PoolClient
 from shardpipes.raypool.membership import import_ray as _ray
@@ -49,6 +57,9 @@ class RayReadingService(MultiProcessingReadingService):
     in the same order, whatever the pool does: readers that die are leased again from their
     next item, and :meth:`scale` moves readers between actors without a pause. States record
     ``num_workers``; a state taken under this service resumes under the worker pool and back.
+    What the readers' stages skip and drop reaches ``dl.stats()`` and the loader's empty-epoch
+    check, and under ``dl.watch()`` their figures reach telemetry, one worker per logical reader,
+    as a worker process's do.
 
     Ray must be initialised (``ray.init(address=...)``) in the trainer process before the
     first epoch. Combine with ``DistributedReadingService`` as the worker pool is:
@@ -123,6 +134,10 @@ class RayReadingService(MultiProcessingReadingService):
         self._losses: dict[tuple[int, int], int] = {}  # (reader, item) -> leases lost there
         self._dealer: Dealer | None = None  # this epoch's
         self._skips_before = SkipStats()  # what the readers skipped in the epochs before
+        self._flows_before: list[list[Any]] = []  # their stages' drop totals in those epochs
+        # (core, its source): what the empty-epoch warning says of an epoch of nothing
+        self._source: tuple[Any, str] | None = None
+        self._figures = ReaderFigures()  # telemetry's worker figures, per logical reader
         self._unchecked: set[int] = set()  # fences of moved leases that seek (see _checked)
         #: Counters: ``items``, ``messages``, ``wait_s`` (trainer time waiting for readers),
         #: ``released`` (leases replaced after a death), ``moved``, ``dropped`` (late items),
@@ -157,6 +172,20 @@ class RayReadingService(MultiProcessingReadingService):
         dealer = self._dealer
         now = [skips_from_dict(m) for m in dealer.marks if m] if dealer is not None else []
         return merge_skips([self._skips_before, *now])
+
+    def flows(self) -> tuple[list[StageFlow], str] | None:
+        """Totals of the dropping stages in the reader actors, over the readers' ended epochs.
+
+        Each logical reader's totals come with its end, from the lease that made its last item,
+        as a worker sends them at its epoch's end: the loader's empty-epoch check names the stage.
+        """
+        if self._core is None:
+            return None
+        if self._source is None or self._source[0] is not self._core:
+            self._source = (self._core, source_of_graph(self._core))
+        dealer = self._dealer
+        now = [f for f in dealer.at_end if f is not None] if dealer is not None else []
+        return merge_flows([self._flows_before, *now]), self._source[1]
 
     def scale(self, readers: int) -> list[str]:
         """Make the reader pool ``readers`` actors (from any trainer); return the active names."""
@@ -209,6 +238,9 @@ class RayReadingService(MultiProcessingReadingService):
             self._skips_before = merge_skips(
                 [self._skips_before, *(skips_from_dict(m) for m in dealer.marks if m)]
             )
+            ended = [f for f in dealer.at_end if f is not None]
+            self._flows_before = flows_to_list(merge_flows([self._flows_before, *ended]))
+            self._figures.close()
             self._dealer = None
 
     def _must_replay(self, dealer: Dealer, reader: int) -> bool:
@@ -279,6 +311,7 @@ class RayReadingService(MultiProcessingReadingService):
             self.bundle,
             replay or not self._seek,
             (self.worker_init_fn, self.worker_reset_fn),
+            (tel.interval, tel.budget) if (tel := self._telemetry) is not None else None,
         )
 
     def _pull(self, lease: Lease, table: LeaseTable, dealer: Dealer, world: int) -> None:
@@ -307,7 +340,10 @@ class RayReadingService(MultiProcessingReadingService):
         finally:
             self.stats["wait_s"] += time.perf_counter() - start
         self.stats["messages"] += 1
-        dealer.offer(lease, bundle.start, bundle.items, bundle.end, bundle.skips)
+        dealer.offer(lease, bundle.start, bundle.items, bundle.end, bundle.skips, bundle.flows)
+        if bundle.figures is not None and self._telemetry is not None:  # a fenced lease's too
+            figures = self._figures.take(lease.reader, lease.fence, bundle.figures)
+            self._telemetry.take(lease.reader, figures, dealer.ready(lease.reader))
 
     def _lost(
         self, lease: Lease, exc: Exception, table: LeaseTable, dealer: Dealer, world: int

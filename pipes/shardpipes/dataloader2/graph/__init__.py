@@ -75,6 +75,7 @@ __all__ = [
     "resume_shape",
     "set_datapipes_seed",
     "set_graph_random_seed",
+    "stage_name",
     "stages_of",
     "traverse_dps",
 ]
@@ -91,6 +92,33 @@ def registered_names() -> dict[type, str]:
         if isinstance(cls, type):
             names.setdefault(cls, name)
     return names
+
+
+def stage_name(dp: Any, registered: dict[type, str] | None = None) -> str:
+    """``dp``'s functional name (``map``, ``decode``), also for the loader's lean stand-ins.
+
+    The one rule for naming a stage, in warnings, telemetry and ``shardpipes bench --profile``:
+    a stage's registered name, or the name of the stage it declares it stands for
+    (``stands_for``), or its nearest registered base's. A stage without one is named by its
+    class, less ``IterDataPipe`` (``IterableWrapper``). ``registered``: :func:`registered_names`,
+    when the caller names many stages.
+    """
+    names = registered if registered is not None else registered_names()
+    kind = type(dp)
+    if kind in names:
+        return names[kind]
+    replaced = getattr(kind, "stands_for", None)
+    if isinstance(replaced, type):  # a lean stand-in: the name of the stage it replaces
+        if replaced in names:
+            return names[replaced]
+        # torch's stage runs as our unhooked subclass of it, registered under its name
+        found = [name for cls, name in names.items() if torch_kind(cls) is replaced]
+        if found:
+            return found[0]
+    for k in kind.__mro__[1:]:
+        if k is not IterDataPipe and k in names:
+            return names[k]
+    return kind.__name__.removesuffix("IterDataPipe")
 
 
 def _described(graph: Graph) -> GraphDescription:

@@ -1,4 +1,8 @@
-"""The names stages go by in telemetry and in ``shardpipes bench --profile``: one rule for both."""
+"""The names stages go by in telemetry and in ``shardpipes bench --profile``: one rule for both.
+
+The rule for one stage, :func:`stage_name`, is the loader's (``dataloader2/graph``), so the
+loader's warnings name stages as telemetry does.
+"""
 
 from __future__ import annotations
 
@@ -6,33 +10,9 @@ from typing import Any
 
 from torch.utils.data import IterDataPipe
 
-from shardpipes.dataloader2.graph import registered_names, stages_of
-from shardpipes.datapipes.iter._unhooked import torch_kind
+from shardpipes.dataloader2.graph import registered_names, stage_name, stages_of
 
 __all__ = ["stage_labels", "stage_name"]
-
-
-def stage_name(dp: Any, registered: dict[type, str] | None = None) -> str:
-    """``dp``'s functional name (``map``, ``decode``), also for the loader's lean stand-ins.
-
-    A stage without one is named by its class, less ``IterDataPipe`` (``IterableWrapper``).
-    """
-    names = registered if registered is not None else registered_names()
-    kind = type(dp)
-    if kind in names:
-        return names[kind]
-    replaced = getattr(kind, "stands_for", None)
-    if isinstance(replaced, type):  # a lean stand-in: the name of the stage it replaces
-        if replaced in names:
-            return names[replaced]
-        # torch's stage runs as our unhooked subclass of it, registered under its name
-        found = [name for cls, name in names.items() if torch_kind(cls) is replaced]
-        if found:
-            return found[0]
-    for k in kind.__mro__[1:]:
-        if k is not IterDataPipe and k in names:
-            return names[k]
-    return kind.__name__.removesuffix("IterDataPipe")
 
 
 def stage_labels(datapipe: IterDataPipe[Any]) -> dict[int, str]:

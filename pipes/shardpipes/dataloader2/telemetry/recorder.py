@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.utils.data import IterDataPipe
 
 from shardpipes.dataloader2.telemetry.names import stage_labels
+from shardpipes.dataloader2.telemetry.reporter import add_storage, storage_since
 from shardpipes.dataloader2.telemetry.sampler import BUDGET, StageSampler
 from shardpipes.dataloader2.telemetry.snapshot import (
     Snapshot,
@@ -142,7 +143,7 @@ class Telemetry:
             reports = sorted(self._workers.items())
         stages: dict[tuple[str, str], float] = {}
         workers = []
-        storage = _minus_totals(COUNTERS.totals(), self._storage0)
+        storage = storage_since(COUNTERS.totals(), self._storage0)
         ticks, sampler_cpu = 0, 0.0
         for worker, (fig, depth) in reports:
             for name, cpu in fig["stages"].items():
@@ -152,7 +153,7 @@ class Telemetry:
             workers.append(
                 WorkerFigures(worker, fig["wall"], fig["busy"], fig["cpu"], fig["items"], depth)
             )
-            _add_totals(storage, fig["storage"])
+            add_storage(storage, fig["storage"])
         if self._sampler is not None:
             for name, cpu in dict(self._sampler.cpu).items():
                 stages[(name, "main")] = stages.get((name, "main"), 0.0) + cpu
@@ -185,20 +186,3 @@ class Telemetry:
             ticks=ticks,
             sampler_cpu=sampler_cpu,
         )
-
-
-def _minus_totals(now: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
-    retries = {k: v - base["retries"].get(k, 0) for k, v in now["retries"].items()}
-    return {
-        "bytes_read": now["bytes_read"] - base["bytes_read"],
-        "opened": now["opened"] - base["opened"],
-        "closed": now["closed"] - base["closed"],
-        "retries": {k: v for k, v in retries.items() if v},
-    }
-
-
-def _add_totals(into: dict[str, Any], more: dict[str, Any]) -> None:
-    for key in ("bytes_read", "opened", "closed"):
-        into[key] += more[key]
-    for cause, n in more["retries"].items():
-        into["retries"][cause] = into["retries"].get(cause, 0) + n

@@ -118,6 +118,10 @@ class StageSampler:
         budget: The sampler's own CPU is kept under this share of the sampled thread's CPU
             (:func:`next_wait`); ``float("inf")``: no budget, a look every ``interval``.
             Default: :data:`BUDGET`.
+        until_stopped: The thread also runs code outside Python between items (a Ray task's
+            thread, in Ray's own code while it sends an item): a look that finds no Python frame
+            counts for the loader, and only :meth:`stop` ends the sampling. Default: ``False``
+            (no Python frame: the thread ended, and the sampling ends with it).
 
     Attributes:
         cpu: CPU seconds per stage label.
@@ -136,6 +140,7 @@ class StageSampler:
         *,
         inside: CodeType | None = None,
         budget: float = BUDGET,
+        until_stopped: bool = False,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"interval should be a positive number of seconds, got {interval!r}")
@@ -144,6 +149,7 @@ class StageSampler:
         self.interval = interval
         self.budget = budget
         self._inside = inside
+        self._until_stopped = until_stopped
         labels = stage_labels(datapipe)
         self._stages = {id(dp): dp for dp in stages_of(datapipe)}  # held: labels are by id
         self._labels = labels
@@ -193,7 +199,7 @@ class StageSampler:
         start = time.thread_time()  # the thread's start-up is not a look's cost
         while not self._stop.wait(wait):
             frame = sys._current_frames().get(self._thread_id)
-            if frame is None:  # the thread ended
+            if frame is None and not self._until_stopped:  # the thread ended
                 return
             self.tick(frame)
             del frame

@@ -18,7 +18,7 @@ column arguments (``map(fn, input_col=...)``) are kept as they are.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import chain, islice
 from typing import Any, TypeVar
 
@@ -115,7 +115,7 @@ class LeanShufflerIterDataPipe(StageIterDataPipe[T]):
             return _materialized(buffered_shuffle(source.deferred(), draws, self.buffer_size))
         parts = decoded_parts(source)
         # Straight from decode(): its lists of samples flattened in C (no generator step each).
-        items = source if parts is None else chain.from_iterable(parts)
+        items: Iterable[Any] = source if parts is None else chain.from_iterable(parts)
         return buffered_shuffle(items, draws, self.buffer_size)
 
     def __len__(self) -> int:

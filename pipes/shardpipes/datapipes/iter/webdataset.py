@@ -14,7 +14,7 @@ from shardpipes.datapipes.iter.base import StageIterDataPipe, register
 from shardpipes.datapipes.iter.tar import TarArchiveLoaderIterDataPipe
 from shardpipes.errors import SampleFormatError, SkippedInputWarning
 from shardpipes.formats import placed
-from shardpipes.formats.decoders import decode_int
+from shardpipes.formats.decoders import decode_int, decode_json, decode_json_values
 from shardpipes.formats.samples import duplicate_field, key_again, no_extension, split_key
 from shardpipes.formats.stream import StreamBytes
 from shardpipes.formats.tarparse import BLOCK, Run, Span, TarEntry, entries_of, slicer
@@ -549,7 +549,7 @@ def _decoded(
     piece = slicer(source)
     # Large members kept by their place (formats/placed.py), when there are any.
     where = placed.place_of(source, sizes)
-    cols = []
+    cols: list[list[Any]] = []
     for r, fn in enumerate(fns):
         if fn is None and where is not None:
             cols.append(placed.values(where, piece, at[r::m], sizes[r::m]))
@@ -557,6 +557,9 @@ def _decoded(
         data = map(piece, map(slice, at[r::m], ends[r::m]))
         if fn is None:
             cols.append(list(map(StreamBytes, data)))
+        elif fn is decode_json:
+            # decode_json over the column, with no Python frame per value (the same values).
+            cols.append(decode_json_values(list(data)))
         else:
             # decode_int is int(): the builtin itself, with no Python frame per value.
             cols.append(list(map(int if fn is decode_int else fn, map(bytes, data))))
