@@ -31,6 +31,7 @@ average: on a shared 2-core machine the three compete for the same cores.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import queue
@@ -38,6 +39,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -145,6 +147,25 @@ def _start_moto() -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError("moto did not start")
 
 
+_AWS_CONFIG: list[str] = []
+
+
+def _aws_config() -> str:
+    """An AWS config file asking for SigV4 on S3, presigned URLs included (written once).
+
+    In us-east-1 botocore presigns with SigV2 unless asked for s3v4, and shardpipes then reads
+    ranges through s3fs (``storage/remote.py``): S3 refuses SigV2 on buckets made after June
+    2020. A user sets the same in ``~/.aws/config`` or with ``config_kwargs``.
+    """
+    if not _AWS_CONFIG:
+        fd, path = tempfile.mkstemp(prefix="shardpipes-aws-", suffix=".cfg")
+        with os.fdopen(fd, "w") as f:
+            f.write("[default]\ns3 =\n    signature_version = s3v4\n")
+        atexit.register(os.unlink, path)
+        _AWS_CONFIG.append(path)
+    return _AWS_CONFIG[0]
+
+
 def _env(endpoint: str) -> dict[str, str]:
     return {
         "AWS_ENDPOINT_URL": endpoint,
@@ -152,6 +173,7 @@ def _env(endpoint: str) -> dict[str, str]:
         "AWS_SECRET_ACCESS_KEY": SECRET,
         "AWS_DEFAULT_REGION": "us-east-1",
         "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": _aws_config(),
     }
 
 

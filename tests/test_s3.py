@@ -100,8 +100,8 @@ def test_keys_in_storage_options_sign_the_requests(s3, fault_proxy, shards):
     urls = s3.put("data", shards.data)
     proxy = fault_proxy(s3.endpoint)
     read_samples(urls[:1], storage_options=s3.options(proxy.url))
-    assert proxy.log.records and all(_signed_by(r, DUMMY_KEY) for r in proxy.log.records)
-    assert any("?" in r.path for r in proxy.log.gets())  # the ranges: GETs of presigned URLs
+    auth = [r.headers.get("Authorization", "") for r in proxy.log.records]
+    assert auth and all(f"Credential={DUMMY_KEY}/" in a for a in auth)
 
 
 def test_anonymous_access_to_a_public_bucket_sends_no_credentials(s3, fault_proxy, shards):
@@ -131,16 +131,8 @@ def test_profile_in_storage_options_selects_its_credentials(s3, fault_proxy, sha
     proxy = fault_proxy(s3.endpoint)
     opts = {"profile": "shardtest", "client_kwargs": {"endpoint_url": proxy.url}}
     assert read_samples(urls[:2], storage_options=opts) == shards.expected[:24]
-    assert proxy.log.records and all(_signed_by(r, "AKIDFROMPROFILE") for r in proxy.log.records)
-
-
-def _signed_by(record, key: str) -> bool:
-    """Whether a request was signed with ``key``: in its header, or in its presigned query."""
-    return (
-        f"Credential={key}/" in record.headers.get("Authorization", "")
-        or f"AWSAccessKeyId={key}&" in record.path  # presigned, SigV2 (what botocore picks here)
-        or f"X-Amz-Credential={key}%2F" in record.path  # presigned, SigV4
-    )
+    auth = [r.headers.get("Authorization", "") for r in proxy.log.records]
+    assert auth and all("Credential=AKIDFROMPROFILE/" in a for a in auth)
 
 
 def test_read_shard_list_from_an_s3_descriptor(s3, shards):

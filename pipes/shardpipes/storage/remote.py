@@ -139,7 +139,9 @@ class _RangeTransport:
 # (``verify``, ``proxies``, a proxy in the environment). What a presigned GET cannot settle (a
 # 4xx, a redirect, an error before any answer) is read through s3fs from then on, which reports
 # it as it always has (so a 403 is asked twice, once presigned). Errors never show the signed
-# URL.
+# URL. Only SigV4 URLs are used: where botocore would presign with SigV2 (its default for
+# presigning in the regions that once took SigV2, unless the client's ``signature_version`` is
+# ``s3v4``), which S3 refuses on buckets created after June 24, 2020, ranges go through s3fs.
 # ``SHARDPIPES_S3_PRESIGNED=0`` turns it off.
 
 _PRESIGN_EXPIRES = 3600
@@ -201,6 +203,11 @@ class _Presigned:
             now = time.monotonic()
             if self._url is None or now - self._signed_at > _RESIGN_AFTER:
                 url: str = sync(self.fs.loop, self.fs._url, self.path, expires=_PRESIGN_EXPIRES)
+                if "X-Amz-Signature=" not in url:
+                    # botocore presigns with SigV2 in the regions that once took it, unless the
+                    # client asks for s3v4; S3 refuses SigV2 on buckets made after June 2020,
+                    # so such a URL would cost each stream a refused GET: use s3fs instead.
+                    raise _Unsigned("botocore presigns with SigV2 here")
                 self._url, self._signed_at = url, now
             return self._url
 
@@ -209,6 +216,8 @@ class _Presigned:
 
         try:
             url = self._current_url()
+        except _Unsigned:
+            raise
         except Exception as exc:
             raise _Unsigned("cannot presign") from exc
         got: tuple[int, bytes] = sync(self.fs.loop, _get_range, url, start, length, timeout=timeout)
