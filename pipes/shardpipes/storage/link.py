@@ -78,10 +78,11 @@ def measure_link(
         )
     retry = (options or ReadOptions()).retry
     sources = [resolve(u, storage_options) for u in urls]
-    sizes = [
-        int(with_retries(lambda s=s: s.fs.size(s.path), s.redactor, retry, "look-up", 0))
-        for s in sources
-    ]
+
+    def size_of(src: Source) -> int:
+        return int(with_retries(lambda: src.fs.size(src.path), src.redactor, retry, "look-up", 0))
+
+    sizes = [size_of(s) for s in sources]
     work: list[tuple[Source, int, int]] = []
     left = sum(sizes) if max_bytes is None else max_bytes
     for src, size in zip(sources, sizes, strict=True):
