@@ -24,7 +24,6 @@ never which class a service is, so a service written elsewhere works as the buil
 
 from __future__ import annotations
 
-import gc
 import logging
 import warnings
 from abc import ABC, abstractmethod
@@ -315,20 +314,6 @@ def _as_is(item: Any) -> Any:
     return item
 
 
-def _keep_what_the_parent_left(worker_id: int) -> None:
-    """Our workers' ``worker_init_fn`` for torch: never collect what a forked worker inherited.
-
-    A forked worker starts with a copy of every object of the process that made it, garbage not
-    yet collected included. Collecting that garbage in the worker runs its finalizers there: a
-    Ray ``ObjectRefGenerator`` left in a reference cycle (an exception's traceback, say) then
-    calls into Ray's gRPC client, whose threads did not survive the fork, and the worker hangs.
-    ``gc.freeze()`` moves the inherited objects out of the collector's reach (as Python's
-    documentation suggests around ``fork()``); the worker's own objects are collected as usual.
-    """
-    del worker_id
-    gc.freeze()
-
-
 class MultiProcessingReadingService(ReadingServiceInterface):
     """Run the graph in ``num_workers`` worker processes, each reading its own part.
 
@@ -494,7 +479,7 @@ class MultiProcessingReadingService(ReadingServiceInterface):
             # Items cross from workers as they are: torch's default would turn numpy arrays
             # into tensors with workers but not without them.
             collate_fn=_as_is,
-            worker_init_fn=_keep_what_the_parent_left,
+            # Forked workers never collect what they inherited: shardpipes/_fork.py's hooks.
         )
 
     def _iterate_pool(self) -> Iterator[Any]:
@@ -503,12 +488,6 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         if self._loader is None:
             self._loader = self._make_loader()
             self._interleave.skips.clear()  # new workers count from zero
-            # The workers start below, forked from this process: collect its young garbage here,
-            # where finalizers can run, for a worker may collect its young objects before it
-            # freezes the rest (_keep_what_the_parent_left). Generations 0 and 1 only: a full
-            # collection takes 0.3 s over 2 million objects, and the oldest generation is never
-            # collected in that window. Once per loader: its workers persist over the epochs.
-            gc.collect(1)
         self._interleave.start_epoch()
         try:
             it = iter(self._loader)  # starts (or resets) the workers
