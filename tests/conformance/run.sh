@@ -21,7 +21,9 @@ args=()
 while read -r id _; do
   [[ -z "$id" || "$id" == \#* ]] || args+=(--deselect "$id")
 done < "$here/torchdata09-deselect.txt"
+# A hang ends the run with every thread's stack (tests/_watchdog.py, a pytest plugin: -p).
+export PYTHONPATH="$here/..${PYTHONPATH:+:$PYTHONPATH}"
 select=("$@")
 [ ${#select[@]} -gt 0 ] || select=(test -p no:warnings -rfE
   -k "not ((test_dataloader2 or test_mprs) and (spawn or forkserver)) and not (test_distributed and elastic)")
-exec bash "$runner" "${select[@]}" ${args[@]+"${args[@]}"}
+exec bash "$runner" -p _watchdog "${select[@]}" ${args[@]+"${args[@]}"}
