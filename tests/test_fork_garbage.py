@@ -29,15 +29,16 @@ ITEMS = list(range(40))
 
 
 class _Marks:
-    """Finalized in a cycle: writes the pid it was finalized in to ``path``."""
+    """Finalized in a cycle: writes ``tag pid`` (the process it was finalized in) to ``path``."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, tag: str = "") -> None:
         self.path = path
+        self.tag = tag
         self.me = self  # a cycle: only the cyclic collector frees it
 
     def __del__(self) -> None:
         with open(self.path, "a") as f:
-            f.write(f"{os.getpid()}\n")
+            f.write(f"{self.tag} {os.getpid()}\n")
 
 
 def _collect(x: int) -> int:
@@ -95,36 +96,35 @@ PATHS: dict[str, Callable[[], list[int]]] = {
 }
 
 
-def _garbage(path: Path, *, old: bool) -> None:
-    """Leave one finalizable cycle uncollected: young, or in the oldest generation."""
-    marks = _Marks(os.fspath(path))
-    if old:
-        gc.collect()  # still alive here: survives into generation 2, and becomes garbage there
-    del marks
-
-
-def _finalized_in(run: Callable[[], list[int]], tmp_path: Path, *, old: bool) -> list[str]:
-    marks = tmp_path / "finalized"
+def _finalized_in(run: Callable[[], list[int]], tmp_path: Path) -> list[str]:
+    """Run ``run`` with two finalizable cycles left uncollected, one young, one in the oldest
+    generation; return ``tag pid`` for each finalization, in order."""
+    marks = os.fspath(tmp_path / "finalized")
     before = gc.get_threshold()
     gc.collect()
     gc.set_threshold(10**6)  # no automatic collection here: the garbage is still there at fork
     try:
-        _garbage(marks, old=old)
-        assert not marks.exists()
+        old = _Marks(marks, "old")
+        gc.collect()  # still alive: it survives into generation 2, and becomes garbage there
+        del old
+        _Marks(marks, "young")  # garbage at once, in generation 0
+        assert not os.path.exists(marks)
         assert sorted(run()) == ITEMS
     finally:
         gc.set_threshold(*before)
     gc.collect()
-    return marks.read_text().split() if marks.exists() else []
+    with open(marks) as f:
+        return f.read().splitlines()
 
 
-@pytest.mark.parametrize("old", [False, True], ids=["young", "old"])
 @pytest.mark.parametrize("path", list(PATHS))
-def test_workers_do_not_finalize_what_the_trainer_left(path: str, old: bool, tmp_path) -> None:
-    # Finalized once, in this process: young garbage by the collection just before each fork,
-    # old garbage by the collection above, after the workers ended. Without the at-fork hooks
-    # the workers' gc.collect() finalized it too (3 pids with 2 workers).
-    assert _finalized_in(PATHS[path], tmp_path, old=old) == [str(os.getpid())]
+def test_workers_do_not_finalize_what_the_trainer_left(path: str, tmp_path) -> None:
+    # Each finalized once, in this process: the young garbage by the collection just before
+    # each fork, the old garbage by the collection above, after the workers ended. Without the
+    # at-fork hooks the workers' gc.collect() finalized both there too (3 times each, with 2
+    # workers).
+    me = os.getpid()
+    assert _finalized_in(PATHS[path], tmp_path) == [f"young {me}", f"old {me}"]
 
 
 def _fork_and_collect() -> int:
@@ -138,8 +138,9 @@ def _fork_and_collect() -> int:
 
 def test_a_plain_fork_is_covered_too(tmp_path) -> None:
     # The hooks sit on os.fork itself: a child forked by any code leaves the garbage alone.
-    finalized = _finalized_in(lambda: ITEMS if _fork_and_collect() == 0 else [], tmp_path, old=True)
-    assert finalized == [str(os.getpid())]
+    me = os.getpid()
+    finalized = _finalized_in(lambda: ITEMS if _fork_and_collect() == 0 else [], tmp_path)
+    assert finalized == [f"young {me}", f"old {me}"]
 
 
 def test_the_child_collects_its_own_garbage(tmp_path) -> None:
@@ -148,9 +149,9 @@ def test_the_child_collects_its_own_garbage(tmp_path) -> None:
     pid = os.fork()
     if pid == 0:
         try:
-            _Marks(os.fspath(marks))
+            _Marks(os.fspath(marks), "own")
             gc.collect()
         finally:
             os._exit(0)
     os.waitpid(pid, 0)
-    assert marks.read_text().split() == [str(pid)]
+    assert marks.read_text().splitlines() == [f"own {pid}"]
