@@ -155,3 +155,22 @@ def test_the_child_collects_its_own_garbage(tmp_path) -> None:
             os._exit(0)
     os.waitpid(pid, 0)
     assert marks.read_text().splitlines() == [f"own {pid}"]
+
+
+def _dropped_pool_workers() -> list[Any]:
+    """Iterate a worker pool, then drop it without shutdown(); return its worker processes."""
+    rs = MultiProcessingReadingService(2, multiprocessing_context="fork")
+    dl = DataLoader2(_graph(), reading_service=rs)
+    assert sorted(dl) == ITEMS
+    return list(rs._loader._iterator._workers)
+
+
+def test_a_dropped_pool_stops_its_workers_when_it_is_collected() -> None:
+    # The service is left in a reference cycle: the cyclic collector frees it. Its workers get
+    # their stop message and end by themselves (exit code 0). Torch's own __del__ ran after the
+    # collector had finalized the queues' feeder threads: no stop message, a 5 s wait for each
+    # worker, then SIGTERM (exit code -15).
+    workers = _dropped_pool_workers()
+    assert all(w.exitcode is None for w in workers)  # still running: nothing freed them yet
+    gc.collect()
+    assert [w.exitcode for w in workers] == [0, 0]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, TypeAlias, TypeVar
@@ -391,6 +392,7 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         self._core: IterDataPipe[Any] | None = None
         self._slot: EpochSlot | None = None
         self._loader: Any = None
+        self._reaper: weakref.finalize[[Any], Any] | None = None  # a dropped service's workers
         self._generator: EpochPlan | None = None
         self._attached = Attachments()  # shared-memory blocks of the workers' large values
         # Deals the workers' bundles out one item at a time; their skip and drop totals.
@@ -491,6 +493,14 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         self._interleave.start_epoch()
         try:
             it = iter(self._loader)  # starts (or resets) the workers
+            if self._reaper is None and getattr(self._loader, "_iterator", None) is not None:
+                # A loader dropped without shutdown() is freed by the cyclic garbage collector,
+                # which finalizes its queues' feeder threads before torch's iterator runs its
+                # __del__: the stop message never reaches the workers, and torch waits 5 s for
+                # each. This finalizer holds the iterator, so the collector frees this service
+                # first, and the workers are stopped while their queues still work.
+                self._reaper = weakref.finalize(self, _stop_workers, self._loader._iterator)
+                self._reaper.atexit = False  # at exit torch's own shutdown applies
             yield from self._interleave.items(it, self.num_workers)
         except Exception as exc:
             raise self._explain(exc) from None
@@ -546,13 +556,21 @@ class MultiProcessingReadingService(ReadingServiceInterface):
     def finalize(self) -> None:
         """Stop the worker processes."""
         loader, self._loader = self._loader, None
+        reaper, self._reaper = self._reaper, None
+        if reaper is not None:
+            reaper.detach()
         iterator = getattr(loader, "_iterator", None)
         if iterator is not None:
             # StatefulDataLoader keeps persistent workers on this iterator; stopping them
             # here, not in a __del__, is what makes shutdown deterministic.
-            iterator._shutdown_workers()
-            _join_feeders(iterator)
+            _stop_workers(iterator)
         self._attached.close()
+
+
+def _stop_workers(iterator: Any) -> None:
+    """Stop the workers of a pool's iterator and wait for its queues' feeder threads."""
+    iterator._shutdown_workers()
+    _join_feeders(iterator)
 
 
 def _join_feeders(iterator: Any) -> None:
