@@ -25,6 +25,7 @@ never which class a service is, so a service written elsewhere works as the buil
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 import weakref
 from abc import ABC, abstractmethod
@@ -392,7 +393,8 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         self._core: IterDataPipe[Any] | None = None
         self._slot: EpochSlot | None = None
         self._loader: Any = None
-        self._reaper: weakref.finalize[[Any], Any] | None = None  # a dropped service's workers
+        # stops the workers of a service dropped without shutdown() (see _iterate_pool)
+        self._reaper: weakref.finalize[[Any, int | None], Any] | None = None
         self._generator: EpochPlan | None = None
         self._attached = Attachments()  # shared-memory blocks of the workers' large values
         # Deals the workers' bundles out one item at a time; their skip and drop totals.
@@ -499,7 +501,9 @@ class MultiProcessingReadingService(ReadingServiceInterface):
                 # __del__: the stop message never reaches the workers, and torch waits 5 s for
                 # each. This finalizer holds the iterator, so the collector frees this service
                 # first, and the workers are stopped while their queues still work.
-                self._reaper = weakref.finalize(self, _stop_workers, self._loader._iterator)
+                self._reaper = weakref.finalize(
+                    self, _stop_workers, self._loader._iterator, os.getpid()
+                )
                 self._reaper.atexit = False  # at exit torch's own shutdown applies
             yield from self._interleave.items(it, self.num_workers)
         except Exception as exc:
@@ -567,8 +571,14 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         self._attached.close()
 
 
-def _stop_workers(iterator: Any) -> None:
-    """Stop the workers of a pool's iterator and wait for its queues' feeder threads."""
+def _stop_workers(iterator: Any, owner: int | None = None) -> None:
+    """Stop the workers of a pool's iterator and wait for its queues' feeder threads.
+
+    ``owner``: the process that started them; elsewhere (a forked child that frees its copy)
+    nothing is done.
+    """
+    if owner is not None and owner != os.getpid():
+        return
     iterator._shutdown_workers()
     _join_feeders(iterator)
 
