@@ -19,6 +19,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import shardpipes.storage.pool as pool_module
+from shardpipes.cli.bench import fetch_line
 from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.storage.adapt import Concurrency
@@ -290,3 +291,7 @@ def test_stats_show_each_readers_learnt_requests(fresh_pool, http_server, worker
         assert 1 <= f["requests"] <= fetch_limits().threads
         assert f["windows"] >= 1 and f["mb_per_s"] > 0  # measured, not the starting guess
         assert f["peak_requests"] >= 1 and f["peak_readahead_mb"] <= f["budget_mb"]
+    if workers:  # `shardpipes bench --link` prints them per worker
+        line = fetch_line(process_pool(), workers, fetch)
+        want = ", ".join(f"{f['requests']} in worker {f['worker']}" for f in fetch)
+        assert line.startswith(f"requests in flight: {want} learnt (started at 6)")
