@@ -187,29 +187,6 @@ _RANGE = re.compile(r"bytes=(\d+)-(\d+)")
 
 
 @pytest.mark.http
-def test_automatic_blocks_shrink_so_the_allowed_requests_fit_the_budget(fresh_pool, http_server):
-    # 8 MiB objects read in 2 MiB blocks: 2 fit in a 4 MiB budget. The 6 requests allowed at
-    # first (and any more learnt) get blocks of 1 MiB instead, so 4 run at once, within it.
-    set_fetch_limits(readahead_bytes=4 * MiB)
-    objects = _objects(2, 8 * MiB)
-    urls = [http_server.add(n, d) for n, d in objects.items()]
-    http_server.behaviour.latency = 0.02
-    assert _read_all(urls) == _digests(urls, objects)
-    for name, data in objects.items():
-        whole = sorted(
-            tuple(map(int, _RANGE.match(r.range).groups()))
-            for r in http_server.log.gets(name)
-            if r.status == 206
-        )
-        assert whole[0][0] == 0 and whole[-1][1] == len(data) - 1  # tiled: no gap, no overlap
-        assert all(a[1] + 1 == b[0] for a, b in zip(whole, whole[1:], strict=False))
-        assert {b - a + 1 for a, b in whole} <= {MiB, 2 * MiB}
-    assert http_server.flight.peak_requests >= 4  # 2 blocks of 2 MiB (+1 the reader fetches)
-    assert http_server.flight.peak_bytes <= 4 * MiB + 2 * MiB
-    assert process_pool().peak_held <= 4 * MiB + 2 * MiB
-
-
-@pytest.mark.http
 def test_automatic_blocks_cover_each_object_once_and_retries_resume_at_the_offset(
     fresh_pool, http_server
 ):

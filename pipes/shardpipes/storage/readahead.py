@@ -57,14 +57,12 @@ AUTO_MAX_BYTES = DEFAULT_READAHEAD_BYTES
 AUTO_REQUESTS = DEFAULT_FETCH_THREADS  # a reader alone may use every fetch thread of the process
 AUTO_MAX_BLOCK = 8 << 20
 _MIN_AUTO_BLOCK = 1 << 20
-# Automatic blocks shrink only while more requests are allowed than fit the budget at the
-# object's block size (Readahead.fit_block): the count is raised only to be measured, and kept
-# only where it carried 25% more (a link of slow connections, storage/adapt.py). Shrinking them
-# always (to 4 MiB, 13 in 56 MiB) cost the server (moto copies the whole object per request)
-# and the reader more CPU than it saved on the 2-core benchmark machine, in three runs against
-# the code before (docs/performance.md): where the count stays at its start, blocks stay large.
+# Automatic blocks do not shrink as the learnt requests rise: shrinking them to 4 MiB (13 fit
+# in 56 MiB) cost the server (moto copies the whole object per request) and the reader more
+# CPU than it saved on the 2-core benchmark machine, in three runs against the code before
+# (docs/performance.md); so the count rises where blocks are small (small objects, or
+# block_size) or the budget large.
 _AUTO_BLOCKS_PER_OBJECT = 4
-_BLOCK_UNIT = 256 << 10
 _MAX_SHARDS_AHEAD = 8
 
 
@@ -239,33 +237,6 @@ class Readahead:
     def width(self) -> int:
         """Requests of one stream that may run at once (the lane's count bounds them all)."""
         return self.fixed or self.shared.limits.threads
-
-    def fit_block(self, largest: int) -> int:
-        """An automatic block of at most ``largest`` bytes for the next request (under ``cond``).
-
-        Smaller when the requests the pool allows now would not fit the budget at ``largest``
-        bytes each (whole 256 KiB, at least 1 MiB): a raised count is then measured with as
-        many requests in flight as it allows, and a kept one keeps them. A reader that asked
-        for a number of blocks (``readahead=N``) keeps ``largest``.
-
-        Examples:
-            >>> from shardpipes.storage.pool import FetchLimits, ProcessPool
-            >>> lane = Readahead(None, None, shared=ProcessPool(FetchLimits()))
-            >>> lane.fit_block(8 << 20) >> 20  # 6 requests of 8 MiB fit in 56 MiB
-            8
-            >>> lane.shared.concurrency.requests = 24
-            >>> lane.fit_block(8 << 20) / (1 << 20)  # 24 of them: 2.25 MiB each
-            2.25
-        """
-        if self.fixed or largest <= _MIN_AUTO_BLOCK:
-            return largest
-        budget = (
-            self.shared.budget
-            if self.max_bytes is None
-            else min(self.shared.budget, self.max_bytes)
-        )
-        fit = budget // max(1, self.max_requests) // _BLOCK_UNIT * _BLOCK_UNIT
-        return max(_MIN_AUTO_BLOCK, min(largest, fit))
 
     @property
     def threads(self) -> int:

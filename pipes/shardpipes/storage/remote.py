@@ -394,7 +394,6 @@ class RemoteStream(io.RawIOBase):
         self._fs, self._path = fs, path
         self._pool = queue.pool.shared if queue is not None else process_pool()
         self._block_size = block_size if block_size is not None else auto_block_size(size)
-        self._auto_block = block_size is None  # may be smaller while more requests are allowed
         self._readahead = readahead
         self._retry = retry
         self._open_kwargs = dict(open_kwargs or {})
@@ -470,24 +469,14 @@ class RemoteStream(io.RawIOBase):
         transport = self._transport  # fixed for the queue's life; a switch starts a new queue
         base, bs = offset, self._block_size
         seq_pos = [offset]  # sequential transport: offset of the next block to fetch
-        lane = self._q.pool
-        fit = self._auto_block and self.size is not None and not transport.sequential
-        ends: list[int] = []  # end of each block planned so far (sizes fixed once asked for)
 
         def plan(idx: int) -> tuple[int, int] | None:
-            # Called under the lane's lock, with idx at most one past the blocks planned.
             if transport.sequential:
                 return seq_pos[0], bs
+            start = base + idx * bs
             if self.size is None:
-                return base + idx * bs, bs
-            while len(ends) <= idx:
-                start = ends[-1] if ends else base
-                if start >= self.size:
-                    return None
-                size = lane.fit_block(bs) if fit else bs
-                ends.append(min(self.size, start + size))
-            start = ends[idx - 1] if idx else base
-            return start, ends[idx] - start
+                return start, bs
+            return (start, min(bs, self.size - start)) if start < self.size else None
 
         def fetch(start: int, length: int, halt: threading.Event) -> bytes:
             data = self._fetch_block(transport, start, halt, length)
