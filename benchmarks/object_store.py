@@ -455,7 +455,7 @@ def _report(results, readers, presets, latencies, local, args) -> None:
             print(f"| {_name(reader, workers, args.parallel)} | " + " | ".join(cells) + " |")
         print(
             f"\nCPU use, median: reader + moto + relay CPU-s per pass / the pass's seconds / "
-            f"{os.cpu_count()} cores (well below 100%: the link was the limit)"
+            f"{os.cpu_count()} cores (other work on the machine is not counted: see the load)"
         )
         print("\n| reader | " + " | ".join(f"{lat:g} ms" for lat in latencies) + " |")
         print("|---|" + "---:|" * len(latencies))
