@@ -3,6 +3,8 @@
     python benchmarks/object_store.py                         # 0/20/50 ms, 50 MB/s, 3 trials
     python benchmarks/object_store.py --latencies 50 --presets large --trials 2
     python benchmarks/object_store.py --plot docs/images/object_store.png --json out.json
+    python benchmarks/object_store.py --latencies 50 --presets large --conn-mbps 10 \
+        --link-mbps 80                                        # the link, not the CPU, the limit
 
 One run starts moto's S3 server (a child process), uploads two datasets (``large``: ~35 MB
 shards of 100 KB samples; ``small``: ~6.7 MB shards of 2 KB samples), and starts one
@@ -25,7 +27,11 @@ The figure is MB/s of shard bytes (the datasets' total size over the time to the
 with ``--epochs 2`` the second epoch, so worker start-up is not counted). Reported per row:
 the best of the trials, and the spread ((max - min) / max). Each trial's line on stderr also
 gives the CPU seconds of the reader (with its workers), of moto and of the relay, and the load
-average: on a shared 2-core machine the three compete for the same cores.
+average: on a shared 2-core machine the three compete for the same cores. The report gives
+each row's CPU use: the CPU-seconds of reader, moto and relay per pass over the data, over the
+pass's seconds and the machine's cores; a row well below 100% was limited by the link, not
+the CPU. ``--link-mbps`` caps the relay's sum over every connection (a host's network link):
+with it low enough, the link row (``s3fs xN``) fills it with CPU to spare.
 """
 
 from __future__ import annotations
@@ -262,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--latencies", default="0,20,50", help="ms before each response (comma list)")
     ap.add_argument("--conn-mbps", type=float, default=50.0, help="MB/s per connection")
+    ap.add_argument(
+        "--link-mbps", type=float, default=0.0, help="MB/s of all connections together (0: none)"
+    )
     ap.add_argument("--presets", default="large,small")
     ap.add_argument("--readers", default=",".join(f"{r}:{w}" for r, w in READERS))
     ap.add_argument("--parallel", type=int, default=16, help="threads of the s3fs xN reader")
@@ -314,7 +323,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         remote = _upload(endpoint, local)
         for lat in latencies:  # all at once: trials go round-robin over latencies and readers
-            relays[lat] = Relay(endpoint.split("//")[1], latency_ms=lat, conn_mbps=args.conn_mbps)
+            relays[lat] = Relay(
+                endpoint.split("//")[1],
+                latency_ms=lat,
+                conn_mbps=args.conn_mbps,
+                link_mbps=args.link_mbps,
+            )
         for trial in range(args.trials):
             for lat in latencies:
                 relay = relays[lat]
@@ -341,11 +355,13 @@ def main(argv: list[str] | None = None) -> int:
                         )
                         if "seconds" in r:
                             r["mb_per_s"] = m["bytes"] / r["seconds"] / 1e6
+                            r["cpu_use"] = _cpu_use(r, reader, args)
                         results.append(r)
                         what = r.get("error") or (
                             f"{r['mb_per_s']:.1f} MB/s; cpu s: client "
                             f"{r.get('cpu_s', float('nan')):.2f} moto {r['server_cpu_s']:.2f} "
-                            f"relay {r['relay_cpu_s']:.2f}; load {r['loadavg']:.1f}"
+                            f"relay {r['relay_cpu_s']:.2f} (cpu use {r['cpu_use']:.0%}); "
+                            f"load {r['loadavg']:.1f}"
                         )
                         log(
                             f"[{lat:g} ms {trial + 1}/{args.trials}] {p:<5} "
@@ -368,6 +384,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _cpu_use(r: dict, reader: str, args: argparse.Namespace) -> float:
+    """CPU-seconds of reader, moto and relay per pass, over the pass's seconds and the cores.
+
+    A loader row runs ``--epochs`` passes (its ``cpu_s`` is already per pass; moto's and the
+    relay's are for the whole trial), a plain s3fs row one.
+    """
+    passes = 1 if reader.startswith("s3fs") else args.epochs
+    cpu = r.get("cpu_s", 0.0) + (r["server_cpu_s"] + r["relay_cpu_s"]) / passes
+    return cpu / r["seconds"] / (os.cpu_count() or 1)
+
+
 def _best(results: list[dict], **key: object) -> tuple[float | None, float, int]:
     got = [
         r["mb_per_s"] for r in results if "mb_per_s" in r and all(r[k] == v for k, v in key.items())
@@ -378,9 +405,10 @@ def _best(results: list[dict], **key: object) -> tuple[float | None, float, int]
 
 
 def _report(results, readers, presets, latencies, local, args) -> None:
+    link = f", {args.link_mbps:g} MB/s for all together" if args.link_mbps else ""
     print(
         f"\nmoto behind relay.py: first-byte latency as given, {args.conn_mbps:g} MB/s per "
-        f"connection; MB/s of shard bytes, best of {args.trials} (spread)"
+        f"connection{link}; MB/s of shard bytes, best of {args.trials} (spread)"
     )
     for p in presets:
         m = local[p]
@@ -424,6 +452,24 @@ def _report(results, readers, presets, latencies, local, args) -> None:
                         for k in ("cpu_s", "server_cpu_s", "relay_cpu_s")
                     )
                 )
+            print(f"| {_name(reader, workers, args.parallel)} | " + " | ".join(cells) + " |")
+        print(
+            f"\nCPU use, median: reader + moto + relay CPU-s per pass / the pass's seconds / "
+            f"{os.cpu_count()} cores (other work on the machine is not counted: see the load)"
+        )
+        print("\n| reader | " + " | ".join(f"{lat:g} ms" for lat in latencies) + " |")
+        print("|---|" + "---:|" * len(latencies))
+        for reader, workers in readers:
+            cells = []
+            for lat in latencies:
+                got = [
+                    r["cpu_use"]
+                    for r in results
+                    if "cpu_use" in r
+                    and (r["preset"], r["reader"], r["workers"], r["latency_ms"])
+                    == (p, reader, workers, lat)
+                ]
+                cells.append(f"{statistics.median(got):.0%}" if got else "-")
             print(f"| {_name(reader, workers, args.parallel)} | " + " | ".join(cells) + " |")
         print()
         for lat in latencies:

@@ -8,7 +8,10 @@ benchmarks). Two things are added to what flows back to the client:
   clients such as aiohttp and botocore do not pipeline, so request and response alternate);
 - **a per-connection bandwidth cap**: each response is paced at ``--conn-mbps`` MB/s from its
   first byte, so one connection reads at most that fast, and throughput grows only with the
-  number of connections, as with S3 or GCS over a real network.
+  number of connections, as with S3 or GCS over a real network;
+- **a cap on the sum** (``--link-mbps``, 0: none): every connection's bytes together are paced
+  at that rate, as a host's network link paces them: the link, not the CPU, is then the limit
+  once enough connections are open.
 
 Bounded: at most ``--max-connections`` at once (more wait in the listen backlog), at most one
 256 KiB chunk buffered per direction and connection (reads wait for the writer to drain). It
@@ -18,6 +21,9 @@ stops by itself after ``--max-seconds``, when its parent process exits, or on SI
     # prints "RELAY 127.0.0.1:<port>" once it listens (port 0 = a free port)
 
 From Python: ``with Relay("127.0.0.1:5000", latency_ms=50, conn_mbps=50) as r: r.endpoint``.
+
+``--link-mbps`` paces each chunk (256 KiB) as it is written: a connection waits for its turn
+on the link, so the sum holds over any stretch longer than a few chunks.
 """
 
 from __future__ import annotations
@@ -39,10 +45,13 @@ CHUNK = 256 << 10
 class _Conn:
     """One client connection: two pumps, and the state that ties a response to its request."""
 
-    def __init__(self, latency: float, rate: float, stats: dict[str, int]) -> None:
+    def __init__(
+        self, latency: float, rate: float, stats: dict[str, int], link: _Link | None = None
+    ) -> None:
         self.latency = latency
         self.rate = rate  # bytes/s per connection; 0 = no cap
         self.stats = stats
+        self.link = link
         self.awaiting = False  # a request went up; its response's first byte not yet seen
 
     async def up(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -70,17 +79,32 @@ class _Conn:
             await writer.drain()
             sent += len(data)
             self.stats["bytes"] += len(data)
-            if self.rate:
-                ahead = t0 + sent / self.rate - loop.time()
-                if ahead > 0:
-                    await asyncio.sleep(ahead)
+            ahead = t0 + sent / self.rate - loop.time() if self.rate else 0.0
+            if self.link is not None:
+                ahead = max(ahead, self.link.take(len(data), loop.time()))
+            if ahead > 0:
+                await asyncio.sleep(ahead)
         writer.close()
+
+
+class _Link:
+    """The sum of every connection's bytes, paced at ``rate`` bytes/s (one event loop: no lock)."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.free_at = 0.0  # when the link has sent everything handed to it so far
+
+    def take(self, nbytes: int, now: float) -> float:
+        """Seconds the sender of ``nbytes`` (handed over ``now``) waits for the link."""
+        self.free_at = max(self.free_at, now) + nbytes / self.rate
+        return self.free_at - now
 
 
 async def _serve(args: argparse.Namespace) -> None:
     host, port = args.upstream.rsplit(":", 1)
     stats: dict[str, int] = {"connections": 0, "requests": 0, "bytes": 0}
     slots = asyncio.Semaphore(args.max_connections)
+    link = _Link(args.link_mbps * 1e6) if args.link_mbps else None
     live: set[asyncio.Task[None]] = set()  # strong references: asyncio keeps only weak ones
 
     async def handle(c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
@@ -95,7 +119,7 @@ async def _serve(args: argparse.Namespace) -> None:
             except OSError:
                 c_writer.close()
                 return
-            conn = _Conn(args.latency_ms / 1e3, args.conn_mbps * 1e6, stats)
+            conn = _Conn(args.latency_ms / 1e3, args.conn_mbps * 1e6, stats, link)
             pumps = [
                 asyncio.ensure_future(conn.up(c_reader, u_writer)),
                 asyncio.ensure_future(conn.down(u_reader, c_writer)),
@@ -145,6 +169,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--port", type=int, default=0, help="port to listen on (0: a free one)")
     ap.add_argument("--latency-ms", type=float, default=50.0, help="added before each response")
     ap.add_argument("--conn-mbps", type=float, default=50.0, help="MB/s per connection (0: none)")
+    ap.add_argument(
+        "--link-mbps", type=float, default=0.0, help="MB/s of all connections (0: none)"
+    )
     ap.add_argument("--max-connections", type=int, default=256)
     ap.add_argument("--max-seconds", type=float, default=3600.0, help="stop after this long")
     return ap.parse_args(argv)
@@ -163,6 +190,7 @@ class Relay:
         *,
         latency_ms: float,
         conn_mbps: float,
+        link_mbps: float = 0.0,
         max_seconds: float = 3600.0,
     ) -> None:
         cmd = [
@@ -171,6 +199,7 @@ class Relay:
             f"--upstream={upstream}",
             f"--latency-ms={latency_ms}",
             f"--conn-mbps={conn_mbps}",
+            f"--link-mbps={link_mbps}",
             f"--max-seconds={max_seconds}",
         ]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)

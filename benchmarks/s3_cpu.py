@@ -12,6 +12,9 @@ connections are not counted:
 
 - ``graph``: ``open_files_by_fsspec -> load_from_tar -> webdataset -> decode -> shuffle ->
   batch`` (what ``object_store.py`` times);
+- ``workers``: the same graph (after ``sharding_filter``) run by ``DataLoader2`` with 2 worker
+  processes; its CPU is split per process: the trainer (this process), the workers (read
+  from ``/proc`` while they live) and moto (the server), each per pass;
 - ``stream``: ``open_files_by_fsspec`` alone, each shard ``read(1 MiB)`` to the end;
 - ``s3fs``: plain s3fs, ``cat_file`` of the same 8 MiB ranges from 6 threads (the client's
   floor: every byte through s3fs, aiobotocore and aiohttp, and nothing else);
@@ -42,7 +45,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 BLOCK = 8 << 20
-ROWS = ["graph", "stream", "s3fs", "presigned"]
+ROWS = ["graph", "workers", "stream", "s3fs", "presigned"]
 
 
 def log(*args: object) -> None:
@@ -56,6 +59,27 @@ def _pass_fn(row: str, paths: list[str]) -> Callable[[], int]:
     import fsspec
     import s3fs
 
+    if row == "workers":
+        from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService
+        from shardpipes.datapipes.iter import IterableWrapper
+
+        dp = (
+            IterableWrapper(paths)
+            .sharding_filter()
+            .open_files_by_fsspec(mode="rb")
+            .load_from_tar()
+            .webdataset()
+            .decode()
+            .shuffle(buffer_size=1000)
+            .batch(64)
+        )
+        dl = DataLoader2(dp, reading_service=MultiProcessingReadingService(num_workers=2))
+        _LOADERS.append(dl)
+
+        def one_pass_dl() -> int:
+            return sum(len(b) for b in dl)
+
+        return one_pass_dl
     if row in ("graph", "stream"):
         from shardpipes.datapipes.iter import IterableWrapper
 
@@ -107,6 +131,33 @@ def _pass_fn(row: str, paths: list[str]) -> Callable[[], int]:
     return one_pass
 
 
+_LOADERS: list = []
+
+
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` used so far (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children() -> list[int]:
+    """Pids of this process's live children (the workers), from /proc."""
+    me, out = str(os.getpid()), []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[1] == me:
+                        out.append(int(pid))
+            except (OSError, IndexError):
+                continue
+    return out
+
+
 def _child(row: str, manifest: str, passes: int, requests: int) -> None:
     import torch  # noqa: F401  # a training process has it: the heap the collector walks
 
@@ -116,13 +167,35 @@ def _child(row: str, manifest: str, passes: int, requests: int) -> None:
         _requests(paths[0], requests)
         return
     one_pass = _pass_fn(row, paths)
-    out = one_pass()  # warm: imports, session, connections
+    out = one_pass()  # warm: imports, session, connections, worker processes
+    moto = int(os.environ.get("S3_CPU_MOTO_PID", "0"))
+    kids = _children()
+    k0, m0 = [_proc_cpu(k) for k in kids], _proc_cpu(moto) if moto else 0.0
     c0, t0 = time.process_time(), time.perf_counter()
     for _ in range(passes):
         if one_pass() != out:
             raise RuntimeError(f"{row}: a pass read a different amount")
     cpu, wall = (time.process_time() - c0) / passes, (time.perf_counter() - t0) / passes
-    print("RESULT " + json.dumps({"cpu_s": cpu, "seconds": wall, "out": out}), flush=True)
+    workers = sum(_proc_cpu(k) - c for k, c in zip(kids, k0, strict=True)) / passes
+    server = (_proc_cpu(moto) - m0) / passes if moto else 0.0
+    fetch = {}
+    if _LOADERS:
+        fetch = _LOADERS[0].stats().get("fetch", {})
+        _LOADERS[0].shutdown()
+    else:
+        from shardpipes.storage.pool import process_pool
+
+        fetch = {"requests": process_pool().concurrency.requests}
+    result = {
+        "cpu_s": cpu + workers,
+        "trainer_s": cpu,
+        "workers_s": workers,
+        "moto_s": server,
+        "seconds": wall,
+        "out": out,
+        "fetch": fetch,
+    }
+    print("RESULT " + json.dumps(result), flush=True)
 
 
 def _requests(path: str, n: int) -> None:
@@ -155,6 +228,7 @@ def _run_child(row: str, args: argparse.Namespace, env: dict[str, str], pipes: s
     cmd = [sys.executable, __file__, "--child", row, "--manifest", args.manifest_tmp]
     cmd += [f"--passes={args.passes}", f"--requests={args.requests}"]
     child_env = dict(os.environ, **env, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    child_env["S3_CPU_MOTO_PID"] = str(args.moto_pid)
     if pipes:
         child_env["PYTHONPATH"] = pipes
     p = subprocess.run(cmd, capture_output=True, text=True, env=child_env, timeout=args.timeout)
@@ -186,11 +260,13 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = [(r, None) for r in args.rows.split(",") if r]
     if args.before:
-        rows += [(r, args.before) for r, _ in list(rows) if r in ("graph", "stream")]
+        rows += [(r, args.before) for r, _ in list(rows) if r in ("graph", "workers", "stream")]
     local = _data.ensure_dataset(object_store.PRESETS["large"], args.cache_dir, log)
     moto, endpoint = object_store._start_moto()
+    args.moto_pid = moto.pid
     env = object_store._env(endpoint)
     results: dict[str, list[float]] = {}
+    split: dict[str, list[tuple[float, float, float]]] = {}
     try:
         remote = object_store._upload(endpoint, {"large": local})["large"]
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
@@ -205,10 +281,12 @@ def main(argv: list[str] | None = None) -> int:
                     log(f"[{rnd + 1}/{args.rounds}] {name}: {r['error']}")
                     continue
                 results.setdefault(name, []).append(r["cpu_s"])
+                split.setdefault(name, []).append((r["trainer_s"], r["workers_s"], r["moto_s"]))
                 log(
-                    f"[{rnd + 1}/{args.rounds}] {name:<18} {r['cpu_s']:.3f} CPU-s per pass, "
-                    f"{remote['bytes'] / r['seconds'] / 1e6:.0f} MB/s; "
-                    f"load {os.getloadavg()[0]:.1f}"
+                    f"[{rnd + 1}/{args.rounds}] {name:<18} {r['cpu_s']:.3f} CPU-s per pass "
+                    f"(trainer {r['trainer_s']:.3f}, workers {r['workers_s']:.3f}; moto "
+                    f"{r['moto_s']:.3f}), {remote['bytes'] / r['seconds'] / 1e6:.0f} MB/s; "
+                    f"fetch {r.get('fetch')}; load {os.getloadavg()[0]:.1f}"
                 )
         per_request = _run_child("requests", args, env, None)
     finally:
@@ -220,10 +298,15 @@ def main(argv: list[str] | None = None) -> int:
         f"\nlarge preset, {remote['bytes'] / 1e6:.0f} MB per pass; CPU-s per pass of the "
         f"reading process, {args.passes} passes after a warm one; {args.rounds} rounds\n"
     )
-    print("| reader | median | range |")
-    print("|---|---:|---:|")
+    print("| reader | median | range | trainer | workers | moto |")
+    print("|---|---:|---:|---:|---:|---:|")
     for name, got in results.items():
-        print(f"| {name} | {statistics.median(got):.3f} | {min(got):.3f}-{max(got):.3f} |")
+        parts = [statistics.median(x[i] for x in split[name]) for i in range(3)]
+        print(
+            f"| {name} | {statistics.median(got):.3f} | {min(got):.3f}-{max(got):.3f} | "
+            + " | ".join(f"{x:.3f}" for x in parts)
+            + " |"
+        )
     if "error" in per_request:
         print(f"\nper request: {per_request['error']}")
     else:

@@ -10,13 +10,17 @@ reader measures. Nothing asserts on time: counts, bytes and digests.
 from __future__ import annotations
 
 import hashlib
+import io
 import re
+import tarfile
 
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import shardpipes.storage.pool as pool_module
+from shardpipes.cli.bench import fetch_line
+from shardpipes.dataloader2 import DataLoader2, MultiProcessingReadingService
 from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.storage.adapt import Concurrency
 from shardpipes.storage.link import measure_link
@@ -223,3 +227,48 @@ def test_the_link_is_measured_with_n_ranges_at_once(http_server):
     assert len(http_server.log.gets()) == 10  # one request per range, none repeated
     with pytest.raises(ValueError, match="requests >= 1"):
         measure_link(urls, requests=0)
+
+
+# --- what was learnt, in the loader's stats ---------------------------------------------------
+
+
+def _tar_of(i: int, samples: int = 40) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for k in range(samples):
+            data = bytes([i, k]) * 2000
+            info = tarfile.TarInfo(f"s{i:02d}{k:03d}.bin")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@pytest.mark.http
+@pytest.mark.parametrize("workers", [0, 2], ids=["in-process", "2-workers"])
+def test_stats_show_each_readers_learnt_requests(fresh_pool, http_server, workers):
+    urls = [http_server.add(f"t{i}.tar", _tar_of(i)) for i in range(4)]
+    http_server.behaviour.latency = 0.01
+    dp = (
+        IterableWrapper(urls)
+        .sharding_filter()
+        .open_files_by_fsspec(mode="rb", block_size=16 << 10)
+        .load_from_tar()
+        .batch(8)
+    )
+    dl = DataLoader2(dp, reading_service=MultiProcessingReadingService(num_workers=workers))
+    try:
+        assert "fetch" not in dl.stats()  # nothing read yet
+        assert sum(map(len, dl)) == 160
+        fetch = dl.stats()["fetch"]
+    finally:
+        dl.shutdown()
+    # One entry per reader: the process that read (each worker learns its own).
+    assert [f["worker"] for f in fetch] == ([None] if workers == 0 else [0, 1])
+    for f in fetch:
+        assert 1 <= f["requests"] <= fetch_limits().threads
+        assert f["windows"] >= 1 and f["mb_per_s"] > 0  # measured, not the starting guess
+        assert f["peak_requests"] >= 1 and f["peak_readahead_mb"] <= f["budget_mb"]
+    if workers:  # `shardpipes bench --link` prints them per worker
+        line = fetch_line(process_pool(), workers, fetch)
+        want = ", ".join(f"{f['requests']} in worker {f['worker']}" for f in fetch)
+        assert line.startswith(f"requests in flight: {want} learnt (started at 6)")

@@ -26,6 +26,7 @@ from _tars import (
     write_tar,
 )
 from shardpipes.datapipes.iter import IterableWrapper, TarArchiveLoader
+from shardpipes.datapipes.iter.fsspec import open_url
 from shardpipes.errors import ShardFormatError, ShardReadError, SkippedInputWarning
 from shardpipes.formats.stream import StreamBytes
 from shardpipes.formats.tarparse import iter_tar
@@ -635,3 +636,43 @@ def test_damaged_archives_fail_alike_mapped_and_streamed(tmp_path_factory, data)
     with open(path, "rb") as f:
         mapped = outcome(f)
     assert mapped == outcome(io.BytesIO(data))
+
+
+# A remote stream hands its blocks over whole (RemoteStream.take_block) and the parser reads
+# them in place; members straddling a block end are completed with a read of what they need.
+_SPREAD = [
+    (f"s{i:03d}.{'long' * 40 if i % 7 == 0 else 'bin'}", bytes([i]) * (i * 97 % 3000))
+    for i in range(40)
+]  # names of 160+ characters (pax records), sizes 0-2,999 bytes (padding of every length)
+
+
+def _full(entries):
+    return [(e.name, bytes(e.data), e.offset, e.data_offset) for e in entries]
+
+
+@pytest.mark.http
+@pytest.mark.parametrize("block_size", [700, 4096, 10_000, 1 << 20])
+def test_remote_blocks_parsed_in_place_give_the_same_members(http_server, block_size):
+    data = tar_bytes(_SPREAD)
+    url = http_server.add("spread.tar", data)
+    want = _full(iter_tar(io.BytesIO(data), url))
+    with open_url(url, block_size=block_size) as f:
+        assert f.take_block is not None  # the in-place path is the one parsed here
+        assert _full(iter_tar(f, url)) == want
+    requested = sorted(g.range for g in http_server.log.gets("spread.tar"))
+    assert len(requested) == -(-len(data) // block_size)  # every block once, to the end
+
+
+@pytest.mark.http
+@pytest.mark.parametrize("block_size", [700, 4096])
+@pytest.mark.parametrize("where", CUTS)
+def test_remote_blocks_truncated_name_the_same_offset(http_server, where, block_size):
+    data = tar_bytes(ABC)
+    cut, offset, what = _cut_points(data)[where]
+    url = http_server.add("cut.tar", data[:cut])
+    with open_url(url, block_size=block_size) as f:
+        got = []
+        with pytest.raises(ShardFormatError, match=re.escape(what)) as info:
+            got.extend((e.name, e.data) for e in iter_tar(f, url))
+    assert got == ABC[: len(got)]
+    assert (info.value.url, info.value.offset) == (url, offset)

@@ -273,16 +273,27 @@ def run(args: argparse.Namespace) -> int:
             )
             if link is not None:
                 print("  " + link_line(link, seconds, whole=not args.limit))
-                print("  " + fetch_line(process_pool(), args.workers))
+                figures = loader.stats().get("fetch") if args.workers else None
+                print("  " + fetch_line(process_pool(), args.workers, figures))
     return 0
 
 
-def fetch_line(pool: ProcessPool, workers: int) -> str:
-    """What this process's fetch pool learnt and held (``workers``: each worker has its own)."""
+def fetch_line(pool: ProcessPool, workers: int, figures: list[dict[str, Any]] | None = None) -> str:
+    """What the fetch pool learnt and held: this process's, or each worker's (``figures``).
+
+    ``figures``: ``DataLoader2.stats()["fetch"]`` when ``workers`` read (each has its own pool).
+    """
     if workers:
+        if not figures:
+            return (
+                f"requests in flight: learnt in each of the {workers} worker processes, "
+                f"each within its own {format_size(pool.budget)} read-ahead budget"
+            )
+        each = ", ".join(f"{f['requests']} in worker {f['worker']}" for f in figures)
+        held = max(f["peak_readahead_mb"] for f in figures)
         return (
-            f"requests in flight: learnt in each of the {workers} worker processes, "
-            f"each within its own {format_size(pool.budget)} read-ahead budget"
+            f"requests in flight: {each} learnt (started at {START_REQUESTS}); read-ahead "
+            f"held at most {held:g} MiB of each worker's {format_size(pool.budget)} budget"
         )
     return (
         f"requests in flight: {pool.concurrency.requests} learnt (started at "

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shardpipes.dataloader2._stats import check_epoch
+from shardpipes.dataloader2._stats import check_epoch, fetch_stats
 from shardpipes.dataloader2.graph import carries_across_epochs, lean_graph, refuse_unsupported
 from shardpipes.dataloader2.graph.identity import carry_ids
 from shardpipes.dataloader2.random.seed_generator import SeedGenerator, int64_seed
@@ -60,6 +60,9 @@ def stats(dl: Any) -> dict[str, Any]:
         "skipped_shards": skipped.shards,
         "skipped_examples": list(skipped.examples),
     }
+    fetch = fetch_stats(getattr(dl.reading_service, "fetch_figures", lambda: None)())
+    if fetch is not None:  # requests in flight each reader learnt (storage/adapt.py)
+        out["fetch"] = fetch
     sync = getattr(dl._graph, "stats", None) if traits_of(dl._graph).syncs_ranks else None
     if sync is not None:  # the last stage evens out the ranks (fullsync(), or the user's own)
         out["sync"] = sync.as_dict()

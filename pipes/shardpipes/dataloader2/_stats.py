@@ -1,4 +1,4 @@
-"""Counting what the stages of a graph skipped and dropped, wherever they ran."""
+"""Counting what the stages of a graph skipped and dropped, wherever they ran; what fetching learnt."""
 
 from __future__ import annotations
 
@@ -13,10 +13,13 @@ from shardpipes.dataloader2.graph import registered_names, stage_name, stages_of
 from shardpipes.datapipes.iter.base import traits_of
 from shardpipes.errors import EmptyEpochWarning
 from shardpipes.handlers import SkipStats
+from shardpipes.storage.pool import fetch_figures
 
 __all__ = [
+    "FetchChanges",
     "StageFlow",
     "check_epoch",
+    "fetch_stats",
     "flow_stages",
     "flows_to_list",
     "graph_skips",
@@ -189,3 +192,43 @@ def check_epoch(
     else:
         return
     warnings.warn(message, EmptyEpochWarning, stacklevel=4)
+
+
+# --- what each reader's fetching learnt ----------------------------------------------------------
+#
+# Each process that reads remote objects learns how many requests to keep in flight
+# (storage/adapt.py); a worker's figures travel with its bundles when they changed, so
+# ``DataLoader2.stats()["fetch"]`` shows each reader's, as of its latest bundle.
+
+
+class FetchChanges:
+    """This process's fetch figures (``storage.pool.fetch_figures``) when they changed since the last call.
+
+    Called by a worker once per bundle it sends; ``None`` when nothing changed (or nothing
+    remote was read).
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[str, Any] | None = None
+
+    def __call__(self) -> dict[str, Any] | None:
+        """The figures, if they changed; else ``None``."""
+        now = fetch_figures()
+        if now is None or now == self._last:
+            return None
+        self._last = now
+        return now
+
+
+def fetch_stats(readers: Mapping[int, dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """``stats()["fetch"]``: each reader's figures in reader order, with ``worker``; ``None`` if none.
+
+    ``readers``: the workers' latest figures by worker id, or ``None`` when the graph is read in
+    this process (then this process's own figures, as ``worker`` ``None``).
+    """
+    if readers is None:
+        own = fetch_figures()
+        return None if own is None else [{"worker": None, **own}]
+    if not readers:
+        return None
+    return [{"worker": w, **figures} for w, figures in sorted(readers.items())]

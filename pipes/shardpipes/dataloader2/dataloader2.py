@@ -258,7 +258,11 @@ class DataLoader2(Generic[T]):
         ``skipped_samples``/``skipped_shards`` count what stages with a non-raising
         ``handler`` dropped (in all worker processes), with up to 20 ``skipped_examples``
         as ``(url, reason)``; ``sync`` is the last epoch's ``fullsync`` figures on this rank
-        (items yielded, own, dropped, collectives), when the graph has one.
+        (items yielded, own, dropped, collectives), when the graph has one. ``fetch``, once
+        remote objects were read: one dict per reader (each worker process learns its own;
+        ``worker`` is ``None`` in-process) with the requests in flight it learnt
+        (``requests``), its last measured ``mb_per_s``, and its peaks against the read-ahead
+        budget (``storage.pool.fetch_figures``).
         """
         return _epoch.stats(self)
 

@@ -159,6 +159,10 @@ class ReadingServiceInterface(ABC):
         """Totals of the dropping stages this service runs, and its graph's source; ``None`` if none."""
         return None
 
+    def fetch_figures(self) -> dict[int, dict[str, Any]] | None:
+        """Each worker's latest fetch figures by worker id; ``None`` if its stages run here (or none)."""
+        return None
+
     def topology(self) -> Topology:
         """Ranks, readers per rank and their numbering. Default: one rank, read in this process."""
         return Topology()
@@ -551,6 +555,12 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         flows = self._interleave.flows if self._interleave is not None else {}
         return merge_flows(f for _, f in sorted(flows.items())), source
 
+    def fetch_figures(self) -> dict[int, dict[str, Any]] | None:
+        """Each worker's fetch figures, as of its latest bundle (``None`` in-process)."""
+        if self.num_workers == 0 or self._interleave is None:
+            return None
+        return dict(self._interleave.fetch)
+
     def watch(self, telemetry: Telemetry) -> None:
         """Have the workers attach their figures to their bundles, for ``telemetry``."""
         self._telemetry = telemetry
@@ -835,6 +845,14 @@ class SequentialReadingService(ReadingServiceInterface):
         """Drop totals from the innermost service that runs stages."""
         for rs in reversed(self.reading_services):
             found = rs.flows()
+            if found is not None:
+                return found
+        return None
+
+    def fetch_figures(self) -> dict[int, dict[str, Any]] | None:
+        """Fetch figures from the innermost service that runs stages in workers."""
+        for rs in reversed(self.reading_services):
+            found = rs.fetch_figures()
             if found is not None:
                 return found
         return None

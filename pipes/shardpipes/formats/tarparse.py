@@ -235,6 +235,14 @@ class _Prefixed(io.RawIOBase):
     def __init__(self, head: bytes, stream: IO[bytes]) -> None:
         self._head = head
         self._stream = stream
+        inner = getattr(stream, "take_block", None)
+        if inner is not None:  # the head first, then the stream's blocks whole (_iter_stream)
+            self._take_inner = inner
+            self.take_block = self._take_block
+
+    def _take_block(self) -> tuple[bytes, int]:
+        head, self._head = self._head, b""
+        return (head, 0) if head else self._take_inner()
 
     def readable(self) -> bool:
         return True
@@ -407,6 +415,10 @@ def _iter_stream(
     runs: bool = False,
 ) -> Iterator[Part]:
     read = stream.read
+    # A remote stream (storage/remote.py) hands over the block it holds, whole: its members
+    # are parsed and copied out of it in place, instead of the block being copied into
+    # chunks and each chunk again onto the unparsed tail (two copies of every byte fewer).
+    take_block: Callable[[], tuple[bytes, int]] | None = getattr(stream, "take_block", None)
     buf = b""
     base = start_offset  # archive offset of buf[0]; always a multiple of 512
     pos = 0  # next header position in buf
@@ -418,6 +430,8 @@ def _iter_stream(
             yield part, view, base
         view.release()
         if end:
+            if take_block is not None:
+                _drain(take_block, chunk_size - (len(buf) - pos))
             return
         # Refill: keep the unparsed tail, read at least what the next member needs.
         if pos > len(buf):  # the last member's padding is not in buf yet
@@ -430,13 +444,46 @@ def _iter_stream(
                     truncated(url, base, "in the padding after the last member")
                 base += len(skipped)
                 skip -= len(skipped)
-        more = _read_upto(read, max(chunk_size, need - (len(buf) - pos)))
+        if take_block is not None and pos == len(buf):
+            # Nothing left over: parse the stream's block where it lies (from where the
+            # stream is in it; the stream moves to its end).
+            block, at = take_block()
+            if not block:
+                at_end(buf, pos, base, url, carry, require_end=require_end)
+                return
+            base += len(buf) - at
+            buf, pos = block, at
+            if at % BLOCK:  # buf[0] must be at a 512-byte boundary of the archive (blocks of
+                # any size may not be): start at the one before the stream's position
+                buf, pos, base = block[at % BLOCK :], at - at % BLOCK, base + at % BLOCK
+            continue
+        # A member runs past the end of what was read: with whole blocks, read only what it
+        # needs (its copy is a member's size, not a chunk's).
+        want = (
+            need - (len(buf) - pos)
+            if take_block is not None
+            else max(chunk_size, need - (len(buf) - pos))
+        )
+        more = _read_upto(read, want)
         if not more:
             at_end(buf, pos, base, url, carry, require_end=require_end)
             return  # a byte range of an archive ends on a member boundary
         base += pos
         buf = buf[pos:] + more if pos < len(buf) else more
         pos = 0
+
+
+def _drain(take_block: Callable[[], tuple[bytes, int]], upto: int) -> None:
+    """Read on past the end-of-archive blocks, up to ``upto`` bytes, as a chunked read would.
+
+    The record padding after the end marker is read, as reading in chunks read it: a shard's
+    requests are the same whichever way it is parsed (every block once).
+    """
+    while upto > 0:
+        block, at = take_block()
+        if not block:
+            return
+        upto -= len(block) - at
 
 
 _MAX_READ = 64 << 20

@@ -70,6 +70,7 @@ __all__ = [
     "FetchLimits",
     "ProcessPool",
     "ReopeningFile",
+    "fetch_figures",
     "fetch_limits",
     "process_pool",
     "set_fetch_limits",
@@ -522,6 +523,36 @@ def process_pool() -> ProcessPool:
         if _pool is None:
             _pool = ProcessPool(limits)
         return _pool
+
+
+def fetch_figures() -> dict[str, Any] | None:
+    """What this process's fetch pool has learnt so far; ``None`` if it read nothing remote.
+
+    ``requests``: requests in flight it allows now (learnt from the requests that finished,
+    :class:`~shardpipes.storage.adapt.Concurrency`); ``mb_per_s``: throughput of its last
+    window of finished requests; ``windows``: windows measured; ``peak_requests``: the most
+    fetch threads at once; ``peak_readahead_mb``: the most read-ahead held, against
+    ``budget_mb``, the process's budget.
+
+    Examples:
+        >>> figures = fetch_figures()
+        >>> figures is None or figures["requests"] >= 1
+        True
+    """
+    with _lock:
+        pool = _pool
+    if pool is None:
+        return None
+    with pool.cond:
+        c = pool.concurrency
+        return {
+            "requests": c.requests,
+            "mb_per_s": round(c.last_rate / 1e6, 3),
+            "windows": c.windows,
+            "peak_requests": pool.peak_threads,
+            "peak_readahead_mb": round(pool.peak_held / 2**20, 1),
+            "budget_mb": round(pool.budget / 2**20, 1),
+        }
 
 
 def _after_fork_in_child() -> None:

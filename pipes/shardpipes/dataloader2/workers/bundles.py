@@ -77,9 +77,22 @@ class Bundle:
             when they were sent otherwise (through torch's queue).
         figures: The worker's telemetry report, every so often when telemetry is on
             (``dataloader2/telemetry/reporter.py``); else ``None``.
+        fetch: The worker's fetch figures (``storage.pool.fetch_figures``), when they changed
+            since its last bundle; else ``None``.
     """
 
-    __slots__ = ("cost", "count", "end", "error", "figures", "nbytes", "payload", "skips", "worker")
+    __slots__ = (
+        "cost",
+        "count",
+        "end",
+        "error",
+        "fetch",
+        "figures",
+        "nbytes",
+        "payload",
+        "skips",
+        "worker",
+    )
 
     def __init__(
         self,
@@ -92,6 +105,7 @@ class Bundle:
         cost: float,
         nbytes: int,
         figures: dict[str, Any] | None = None,
+        fetch: dict[str, Any] | None = None,
     ) -> None:
         self.worker = worker
         self.payload = payload
@@ -102,6 +116,7 @@ class Bundle:
         self.cost = cost
         self.nbytes = nbytes
         self.figures = figures
+        self.fetch = fetch
 
     def _args(self) -> tuple[Any, ...]:
         return (
@@ -114,6 +129,7 @@ class Bundle:
             self.cost,
             self.nbytes,
             self.figures,
+            self.fetch,
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -141,6 +157,7 @@ def bundles(
     skip_state: Callable[[], dict[str, Any]],
     end: Callable[[], list[list[Any]]],
     report: Callable[[float, int, bool], dict[str, Any] | None] | None = None,
+    fetch: Callable[[], dict[str, Any] | None] | None = None,
 ) -> Iterator[Bundle]:
     """A worker's epoch (``items``) in bundles of ``size[0]`` items (read before each bundle).
 
@@ -149,6 +166,7 @@ def bundles(
     totals at the end of its epoch. An error of the graph ends the epoch's last bundle: the
     items made before it are sent, then the error (as torch's worker loop would send it).
     ``report``: telemetry's worker side (when on), given each bundle's making time and size.
+    ``fetch``: the worker's fetch figures when they changed since the last call, else ``None``.
     """
     seen = skip_total()
     made, spent = -1, 0.0
@@ -191,7 +209,8 @@ def bundles(
             payload = ring.seal(out)
             nbytes = ring.packed_bytes
         figures = report(took, len(out), ended is not None) if report is not None else None
-        yield Bundle(worker, payload, len(out), skips, ended, error, cost, nbytes, figures)
+        learnt = fetch() if fetch is not None else None
+        yield Bundle(worker, payload, len(out), skips, ended, error, cost, nbytes, figures, learnt)
         if ended is not None or error is not None:
             return
 
@@ -254,6 +273,7 @@ class Interleave:
         self.grow = grow  # False: one item per message (a loader with a timeout per item)
         self.skips: dict[int, dict[str, Any]] = {}  # each worker's skip counters, as yielded
         self.flows: dict[int, list[list[Any]]] = {}  # each worker's drop totals at its end
+        self.fetch: dict[int, dict[str, Any]] = {}  # each worker's fetch figures, the latest
         self._next = 1  # the size the last bundles asked for: the next epoch starts there
         self._last = 1
         #: Telemetry's ``take(worker, figures, items ready)``, when it is on.
@@ -302,6 +322,8 @@ class Interleave:
         queue = queues[bundle.worker]
         if bundle.figures is not None and self.watch is not None:
             self.watch(bundle.worker, bundle.figures, len(queue))
+        if bundle.fetch is not None:
+            self.fetch[bundle.worker] = bundle.fetch
         payload = bundle.payload
         items: Any
         if type(payload) is Packed:

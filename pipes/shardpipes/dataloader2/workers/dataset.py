@@ -23,6 +23,7 @@ from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import get_all_graph_pipes
 
 from shardpipes.dataloader2._stats import (
+    FetchChanges,
     flow_stages,
     flows_to_list,
     merge_skips,
@@ -193,6 +194,7 @@ class WorkerDataset(IterableDataset[Any]):
             self._skip_state,
             self._epoch_end,
             self._reporter.report if self._reporter is not None else None,
+            FetchChanges(),
         )
 
     def _skip_total(self) -> int:
