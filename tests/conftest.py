@@ -11,7 +11,9 @@ from hypothesis import HealthCheck, settings
 from _hyp import CI_EXAMPLES
 from shardpipes.synthetic import write_synthetic
 
-pytest_plugins = ["servers"]  # S3, GCS and HTTP servers on 127.0.0.1 (tests/servers.py)
+# S3, GCS and HTTP servers on 127.0.0.1 (tests/servers.py); a hang ends the run with every
+# thread's stack instead of using up CI's time (tests/_watchdog.py)
+pytest_plugins = ["servers", "_watchdog"]
 
 # Hypothesis profiles. ``ci`` (the default, and what .ci/run uses) is derandomized: every run
 # tries the same examples, so a test that passed once passes again and CI cannot fail by chance.

@@ -751,9 +751,9 @@ def _samplers_left(rs: Any) -> int:
         return 0
     actors = [ray.get_actor(name, namespace="shardpipes") for name in rs.scale(rs.readers)]
     left = -1
-    for _ in range(50):  # a lease's generator ends just after its last message is taken
-        left = sum(_sampler_threads(a) for a in actors)
-        if left == 0:
-            break
+    # A lease's generator ends just after its last message is taken: polled for up to a minute
+    # (a loaded machine may take seconds), returning as soon as none is left.
+    deadline = time.monotonic() + 60
+    while (left := sum(_sampler_threads(a) for a in actors)) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left

@@ -21,17 +21,21 @@ from shardpipes.datapipes.iter import IterableWrapper
 from shardpipes.formats.stream import StreamBytes
 from shardpipes.synthetic import write_synthetic
 
-_PREFIX = new_prefix()  # this run's blocks (other runs on the machine have their own)
-
 
 @pytest.fixture(autouse=True)
 def _own_prefix(monkeypatch):
-    monkeypatch.setenv(PREFIX_ENV, _PREFIX)
+    # Each test's blocks have their own names: other runs on the machine, and this module's
+    # earlier tests (whose last blocks go with their last values), never count as leftovers.
+    monkeypatch.setenv(PREFIX_ENV, new_prefix())
+
+
+def _prefix() -> str:
+    return os.environ[PREFIX_ENV]
 
 
 def leftover_blocks(owner: str = "") -> list[str]:
-    """Traces of this run's blocks: a name in /dev/shm, a map or a descriptor in any process."""
-    return blocks_left(_PREFIX)
+    """Traces of this test's blocks: a name in /dev/shm, a map or a descriptor in any process."""
+    return blocks_left(_prefix())
 
 
 def pack(ring, batch):
@@ -116,7 +120,7 @@ def test_a_batch_larger_than_its_block_gets_a_larger_block():
         assert unpack(attached, packed) == huge
         # the same block, made larger: mapped again here, the old map let go of
         assert attached.blocks[ring.handles[1].index].size > 9 << 20 and old.buf is None
-        assert len(attached.blocks) == 2 and not named_blocks(_PREFIX)
+        assert len(attached.blocks) == 2 and not named_blocks(_prefix())
     finally:
         ring.close()
         attached.close()
@@ -522,7 +526,7 @@ def test_values_lent_from_a_closed_loader_stay_valid():
     back = unpack(attached, pack(ring, [image]))
     ring.close()  # the workers stop,
     attached.close()  # and the loader shuts down while the training loop still holds a batch
-    assert not named_blocks(_PREFIX)  # no name, the map stays
+    assert not named_blocks(_prefix())  # no name, the map stays
     assert torch.equal(back[0], image)
     back[0].add_(1)  # still writable memory of this process
     assert torch.allclose(back[0], image + 1)

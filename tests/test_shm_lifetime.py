@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -44,7 +43,13 @@ rs = MultiProcessingReadingService(num_workers=workers)
 if how == "rank":
     import datetime
     import torch.distributed as dist
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
+    dist.init_process_group(  # a file rendezvous: no port to pick, none another run can take
+        "gloo",
+        init_method=os.environ["STORE"],
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=datetime.timedelta(seconds=20),
+    )
     rs = SequentialReadingService(DistributedReadingService(), rs)
 dp = (IterableWrapper(paths).shuffle().sharding_filter().open_files_by_fsspec(mode="rb")
       .load_from_tar().webdataset().decode())
@@ -192,21 +197,10 @@ def test_an_exception_or_an_exit_without_shutdown(job, how):
     _nothing_left(job.prefix, pids)
 
 
-def test_one_rank_of_two_killed(job):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def test_one_rank_of_two_killed(job, tmp_path):
+    store = f"file://{tmp_path / 'store'}"
     ranks = [
-        job(
-            "rank",
-            extra_env={
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "RANK": str(r),
-                "WORLD_SIZE": "2",
-            },
-        )
-        for r in range(2)
+        job("rank", extra_env={"STORE": store, "RANK": str(r), "WORLD_SIZE": "2"}) for r in range(2)
     ]
     pids = [p for proc in ranks for p in _ready(proc, job.prefix)]
     ranks[1].send_signal(signal.SIGKILL)

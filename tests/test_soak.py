@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 
 import pytest
 
@@ -32,6 +33,18 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def _children_left(seconds: float = 60.0) -> list:
+    """The child processes still running once they have had ``seconds`` to end.
+
+    A polled wait, not a measurement: shutdown joins each worker for 5 s and then only sends it
+    SIGTERM, so on a loaded machine a worker may still be ending just after shutdown returns.
+    """
+    deadline = time.monotonic() + seconds
+    while (left := multiprocessing.active_children()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
 def soak(rank, world, pattern):
     dp = (
         IterableWrapper([pattern])
@@ -56,7 +69,7 @@ def soak(rank, world, pattern):
             if epoch in (4, EPOCHS - 1):
                 rss[epoch], fds[epoch] = rss_kib(), open_fds()
         children_during = len(multiprocessing.active_children())
-    children_after = len(multiprocessing.active_children())
+    children_after = len(_children_left())
     return {
         "sizes": sizes,
         "rss": rss,

@@ -7,6 +7,8 @@ import math
 import os
 import pathlib
 import threading
+import time
+from collections import Counter
 
 import pytest
 from hypothesis import example, given
@@ -30,6 +32,7 @@ from shardpipes.dataloader2.telemetry import (
     WorkerFigures,
     WorkerReporter,
     next_wait,
+    recorder,
     stage_labels,
     verdict,
 )
@@ -176,7 +179,11 @@ def _look_until(sampler: StageSampler, looks: int) -> None:
     ("budget", "expected"),
     [
         (math.inf, lambda interval, n: {interval: n}),
-        (1e-12, lambda interval, n: {interval * 2**k: 1 for k in range(n)}),
+        # (capped at MAX_WAIT, reached only if this thread stalled for most of a second)
+        (
+            1e-12,
+            lambda interval, n: dict(Counter(min(interval * 2**k, MAX_WAIT) for k in range(n))),
+        ),
     ],
     ids=["within-budget", "over-budget"],
 )
@@ -205,18 +212,48 @@ def test_the_sampler_keeps_its_cpu_within_its_budget():
     assert snap.sampler_share <= 2 * BUDGET  # the budget stretched the waits instead
 
 
-def test_marked_steps_give_the_share_of_step_time():
-    dl = DataLoader2(IterableWrapper(range(64)).batch(4))
+class _Clock:
+    """The recorder's clock, moved only by the test: each wait and each step takes what it says."""
+
+    def __init__(self, wait: float) -> None:
+        self.now = 0.0
+        self.wait = wait
+
+    def __deepcopy__(self, memo: dict) -> _Clock:
+        return self  # the loader's copy of the graph moves this same clock
+
+    def arrives(self, batch: list[int]) -> list[int]:
+        """A stage of the graph: the batch took ``wait`` to come."""
+        self.now += self.wait
+        return batch
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return time.time()
+
+
+@pytest.mark.parametrize(("wait", "bound"), [(1 / 32, False), (1 / 4, True)])
+def test_marked_steps_give_the_share_of_step_time(monkeypatch, wait, bound):
+    # The recorder's own clock, so the share is exact (on a loaded machine a real clock's waits
+    # grow by whatever time the process is not running): each batch takes `wait` to arrive,
+    # each step `1 - wait` of its own work.
+    clock = _Clock(wait)
+    monkeypatch.setattr(recorder, "time", clock)
+    dl = DataLoader2(IterableWrapper(range(64)).batch(4).map(clock.arrives))
     telemetry = dl.watch(interval=None)
     with dl:
         for _ in dl:
             telemetry.step()
-            burn(0)  # the step's own work, far longer than a batch of ints takes
+            clock.now += 1 - wait  # the step's own work
         snap = telemetry.snapshot()
     assert snap.batches == 16 and snap.steps == 15  # 16 marks: 15 whole steps between them
     assert snap.stages == () and snap.ticks == 0  # interval=None: no sampling
-    assert snap.wait_share < 0.5 and not verdict(snap).data_bound
-    assert "not data-bound" in verdict(snap).text
+    assert (snap.step_time, snap.step_wait) == (15.0, 15 * wait)
+    assert snap.wait_share == wait  # binary fractions: exact
+    assert verdict(snap).data_bound is bound
+    assert ("not data-bound" in verdict(snap).text) is not bound
 
 
 @WORKERS

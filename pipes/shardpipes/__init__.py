@@ -12,6 +12,7 @@ of the attribute (as torchdata 0.9 code writes ``torchdata.datapipes.iter...`` a
 
 from importlib.metadata import PackageNotFoundError, version
 
+from shardpipes import _fork  # noqa: F401  (its at-fork hooks: forked children never collect what they inherit)
 from shardpipes._submodules import submodule_attributes
 from shardpipes.errors import (
     DecodeError,

@@ -21,7 +21,13 @@ args=()
 while read -r id _; do
   [[ -z "$id" || "$id" == \#* ]] || args+=(--deselect "$id")
 done < "$here/torchdata09-deselect.txt"
+# A hang ends the run with every thread's stack (tests/_watchdog.py, a pytest plugin: -p), 300 s
+# after a test's 120 s: 0.9's tests leave their loaders to the garbage collector, whose pauses
+# fall in whichever test it runs in (and pytest-timeout's signal, raised inside a __del__ there,
+# is ignored). Before the worker pool stopped a dropped loader's workers itself, one such pause
+# took 306 s, 5 s for each of some 60 workers.
+export PYTHONPATH="$here/..${PYTHONPATH:+:$PYTHONPATH}"
 select=("$@")
 [ ${#select[@]} -gt 0 ] || select=(test -p no:warnings -rfE
   -k "not ((test_dataloader2 or test_mprs) and (spawn or forkserver)) and not (test_distributed and elastic)")
-exec bash "$runner" "${select[@]}" ${args[@]+"${args[@]}"}
+exec bash "$runner" -p _watchdog -o watchdog_grace=300 "${select[@]}" ${args[@]+"${args[@]}"}

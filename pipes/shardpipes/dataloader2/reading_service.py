@@ -24,9 +24,10 @@ never which class a service is, so a service written elsewhere works as the buil
 
 from __future__ import annotations
 
-import gc
 import logging
+import os
 import warnings
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, TypeAlias, TypeVar
@@ -319,20 +320,6 @@ def _as_is(item: Any) -> Any:
     return item
 
 
-def _keep_what_the_parent_left(worker_id: int) -> None:
-    """Our workers' ``worker_init_fn`` for torch: never collect what a forked worker inherited.
-
-    A forked worker starts with a copy of every object of the process that made it, garbage not
-    yet collected included. Collecting that garbage in the worker runs its finalizers there: a
-    Ray ``ObjectRefGenerator`` left in a reference cycle (an exception's traceback, say) then
-    calls into Ray's gRPC client, whose threads did not survive the fork, and the worker hangs.
-    ``gc.freeze()`` moves the inherited objects out of the collector's reach (as Python's
-    documentation suggests around ``fork()``); the worker's own objects are collected as usual.
-    """
-    del worker_id
-    gc.freeze()
-
-
 class MultiProcessingReadingService(ReadingServiceInterface):
     """Run the graph in ``num_workers`` worker processes, each reading its own part.
 
@@ -410,6 +397,8 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         self._core: IterDataPipe[Any] | None = None
         self._slot: EpochSlot | None = None
         self._loader: Any = None
+        # stops the workers of a service dropped without shutdown() (see _iterate_pool)
+        self._reaper: weakref.finalize[[Any, int | None], Any] | None = None
         self._generator: EpochPlan | None = None
         self._attached = Attachments()  # shared-memory blocks of the workers' large values
         # Deals the workers' bundles out one item at a time; their skip and drop totals.
@@ -498,7 +487,7 @@ class MultiProcessingReadingService(ReadingServiceInterface):
             # Items cross from workers as they are: torch's default would turn numpy arrays
             # into tensors with workers but not without them.
             collate_fn=_as_is,
-            worker_init_fn=_keep_what_the_parent_left,
+            # Forked workers never collect what they inherited: shardpipes/_fork.py's hooks.
         )
 
     def _iterate_pool(self) -> Iterator[Any]:
@@ -507,15 +496,19 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         if self._loader is None:
             self._loader = self._make_loader()
             self._interleave.skips.clear()  # new workers count from zero
-            # The workers start below, forked from this process: collect its young garbage here,
-            # where finalizers can run, for a worker may collect its young objects before it
-            # freezes the rest (_keep_what_the_parent_left). Generations 0 and 1 only: a full
-            # collection takes 0.3 s over 2 million objects, and the oldest generation is never
-            # collected in that window. Once per loader: its workers persist over the epochs.
-            gc.collect(1)
         self._interleave.start_epoch()
         try:
             it = iter(self._loader)  # starts (or resets) the workers
+            if self._reaper is None and getattr(self._loader, "_iterator", None) is not None:
+                # A loader dropped without shutdown() is freed by the cyclic garbage collector,
+                # which finalizes its queues' feeder threads before torch's iterator runs its
+                # __del__: the stop message never reaches the workers, and torch waits 5 s for
+                # each. This finalizer holds the iterator, so the collector frees this service
+                # first, and the workers are stopped while their queues still work.
+                self._reaper = weakref.finalize(
+                    self, _stop_workers, self._loader._iterator, os.getpid()
+                )
+                self._reaper.atexit = False  # at exit torch's own shutdown applies
             yield from self._interleave.items(it, self.num_workers)
         except Exception as exc:
             raise self._explain(exc) from None
@@ -577,13 +570,27 @@ class MultiProcessingReadingService(ReadingServiceInterface):
     def finalize(self) -> None:
         """Stop the worker processes."""
         loader, self._loader = self._loader, None
+        reaper, self._reaper = self._reaper, None
+        if reaper is not None:
+            reaper.detach()
         iterator = getattr(loader, "_iterator", None)
         if iterator is not None:
             # StatefulDataLoader keeps persistent workers on this iterator; stopping them
             # here, not in a __del__, is what makes shutdown deterministic.
-            iterator._shutdown_workers()
-            _join_feeders(iterator)
+            _stop_workers(iterator)
         self._attached.close()
+
+
+def _stop_workers(iterator: Any, owner: int | None = None) -> None:
+    """Stop the workers of a pool's iterator and wait for its queues' feeder threads.
+
+    ``owner``: the process that started them; elsewhere (a forked child that frees its copy)
+    nothing is done.
+    """
+    if owner is not None and owner != os.getpid():
+        return
+    iterator._shutdown_workers()
+    _join_feeders(iterator)
 
 
 def _join_feeders(iterator: Any) -> None:
