@@ -274,7 +274,10 @@ def test_s3_stream_reads_every_sample_from_moto(tmp_path):
 def test_telemetry_logging_names_the_costly_stage(tmp_path):
     out = run_example(python("telemetry_logging.py", "--samples", "800", "--every", "10"), tmp_path)
     (final,) = [line for line in out.splitlines() if line.startswith("verdict: ")]
-    assert "data-bound" in final  # the stage it names is sampled: tests/test_telemetry.py
+    # The augmentation (1,500 hashes a sample, 16 a batch) dwarfs the 2 ms step: the loop waits
+    # for most of each step. ("data-bound" alone would also match "not data-bound".) Which stage
+    # it names comes from stack samples: tests/test_telemetry.py checks that.
+    assert final.startswith("verdict: data-bound at "), final
 
 
 def test_telemetry_tensorboard_writes_the_loaders_scalars(tmp_path):
