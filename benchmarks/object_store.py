@@ -404,6 +404,26 @@ def _best(results: list[dict], **key: object) -> tuple[float | None, float, int]
     return max(got), (max(got) - min(got)) / max(got), len(got)
 
 
+def _table(results, preset, readers, latencies, args, needs: str, cell) -> None:
+    """One table of ``preset``: a row per reader, a column per latency, ``cell(trials)`` in each.
+
+    ``trials``: that row's and latency's results that have ``needs`` (a failed trial has not).
+    """
+    print("\n| reader | " + " | ".join(f"{lat:g} ms" for lat in latencies) + " |")
+    print("|---|" + "---:|" * len(latencies))
+    for reader, workers in readers:
+        cells = []
+        for lat in latencies:
+            key = (preset, reader, workers, lat)
+            got = [
+                r
+                for r in results
+                if needs in r and (r["preset"], r["reader"], r["workers"], r["latency_ms"]) == key
+            ]
+            cells.append(cell(got))
+        print(f"| {_name(reader, workers, args.parallel)} | " + " | ".join(cells) + " |")
+
+
 def _report(results, readers, presets, latencies, local, args) -> None:
     link = f", {args.link_mbps:g} MB/s for all together" if args.link_mbps else ""
     print(
@@ -415,62 +435,35 @@ def _report(results, readers, presets, latencies, local, args) -> None:
         print(
             f"\n### {p}: {len(m['paths'])} shards of {min(m['sizes']) / 1e6:.1f}-"
             f"{max(m['sizes']) / 1e6:.1f} MB, {m['samples']:,} samples of "
-            f"{m['preset']['payload_bytes']:,} B, {m['bytes'] / 1e6:.0f} MB\n"
+            f"{m['preset']['payload_bytes']:,} B, {m['bytes'] / 1e6:.0f} MB"
         )
-        head = "| reader | " + " | ".join(f"{lat:g} ms" for lat in latencies) + " |"
-        print(head)
-        print("|---|" + "---:|" * len(latencies))
-        for reader, workers in readers:
-            cells = []
-            for lat in latencies:
-                best, spread, n = _best(
-                    results, preset=p, reader=reader, workers=workers, latency_ms=lat
-                )
-                cells.append("failed" if best is None else f"{best:.0f} ({spread:.0%})")
-            print(f"| {_name(reader, workers, args.parallel)} | " + " | ".join(cells) + " |")
+
+        def best_cell(got: list[dict]) -> str:
+            if not got:
+                return "failed"
+            mbs = [r["mb_per_s"] for r in got]
+            return f"{max(mbs):.0f} ({(max(mbs) - min(mbs)) / max(mbs):.0%})"
+
+        _table(results, p, readers, latencies, args, "mb_per_s", best_cell)
         print(
             "\nCPU seconds per trial, median (reader with its workers / moto / relay): "
             "moto, the relay and the reader share the machine's cores"
         )
-        print("\n| reader | " + " | ".join(f"{lat:g} ms" for lat in latencies) + " |")
-        print("|---|" + "---:|" * len(latencies))
-        for reader, workers in readers:
-            cells = []
-            for lat in latencies:
-                got = [
-                    r
-                    for r in results
-                    if "mb_per_s" in r
-                    and (r["preset"], r["reader"], r["workers"], r["latency_ms"])
-                    == (p, reader, workers, lat)
-                ]
-                cells.append(
-                    "-"
-                    if not got
-                    else " / ".join(
-                        f"{statistics.median(r.get(k, float('nan')) for r in got):.2f}"
-                        for k in ("cpu_s", "server_cpu_s", "relay_cpu_s")
-                    )
-                )
-            print(f"| {_name(reader, workers, args.parallel)} | " + " | ".join(cells) + " |")
+        _table(
+            results, p, readers, latencies, args, "mb_per_s",
+            lambda got: " / ".join(
+                f"{statistics.median(r.get(k, float('nan')) for r in got):.2f}"
+                for k in ("cpu_s", "server_cpu_s", "relay_cpu_s")
+            ) if got else "-",
+        )  # fmt: skip
         print(
             f"\nCPU use, median: reader + moto + relay CPU-s per pass / the pass's seconds / "
             f"{os.cpu_count()} cores (other work on the machine is not counted: see the load)"
         )
-        print("\n| reader | " + " | ".join(f"{lat:g} ms" for lat in latencies) + " |")
-        print("|---|" + "---:|" * len(latencies))
-        for reader, workers in readers:
-            cells = []
-            for lat in latencies:
-                got = [
-                    r["cpu_use"]
-                    for r in results
-                    if "cpu_use" in r
-                    and (r["preset"], r["reader"], r["workers"], r["latency_ms"])
-                    == (p, reader, workers, lat)
-                ]
-                cells.append(f"{statistics.median(got):.0%}" if got else "-")
-            print(f"| {_name(reader, workers, args.parallel)} | " + " | ".join(cells) + " |")
+        _table(
+            results, p, readers, latencies, args, "cpu_use",
+            lambda got: f"{statistics.median(r['cpu_use'] for r in got):.0%}" if got else "-",
+        )  # fmt: skip
         print()
         for lat in latencies:
             one, _, _ = _best(results, preset=p, reader="s3fs_1", workers=0, latency_ms=lat)
